@@ -1,0 +1,127 @@
+"""Wire models of the architecture graph, ``sigprop.graph/v1`` (contract section 1).
+
+Pydantic checks each node on its own (its op, attributes and their ranges); whether the nodes
+form a valid DAG (cycles, dangling inputs, arity, one output, shapes) is checked by
+``sigprop.engine.graph.build_graph``, which needs the whole graph at once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+GRAPH_SCHEMA = "sigprop.graph/v1"
+
+# Ids appear in answers, logs and the dashboard: a conservative character set (covers the
+# dotted names torch.fx gives, like "layer1.0.conv1") keeps them safe to echo anywhere.
+NodeId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/\[\]]+$")]
+PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
+KernelSize = Union[Annotated[int, Field(ge=1, le=1024)], Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=2, max_length=2)]]
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: NodeId
+    inputs: list[NodeId] = Field(default_factory=list, max_length=4096)
+
+
+class InputNode(_Node):
+    op: Literal["input"]
+    shape: list[PositiveInt] = Field(min_length=1, max_length=3, description="[features] or [channels, height, width]")
+
+
+class DenseNode(_Node):
+    op: Literal["dense"]
+    units: PositiveInt
+    bias: bool = True
+
+
+class ConvNode(_Node):
+    op: Literal["conv"]
+    channels: PositiveInt
+    kernel: KernelSize = 3
+    stride: KernelSize = 1
+    padding: Union[Literal["same", "valid"], Annotated[int, Field(ge=0, le=1024)]] = "same"
+    bias: bool = True
+
+
+class ActivationNode(_Node):
+    op: Literal["activation"]
+    fn: str | None = Field(default=None, max_length=64, description="defaults to the request's activation")
+
+
+class SumNode(_Node):
+    op: Literal["sum"]
+    weights: list[float] | None = Field(default=None, description="sum of squares 1; omitted: 1/sqrt(n) each")
+
+    @field_validator("weights")
+    @classmethod
+    def _finite(cls, weights):
+        if weights is not None:
+            for w in weights:
+                if not (-1e6 < w < 1e6):  # also rejects NaN and infinities
+                    raise ValueError("sum weights must be finite numbers")
+        return weights
+
+
+class ConcatNode(_Node):
+    op: Literal["concat"]
+
+
+class PoolNode(_Node):
+    op: Literal["avg_pool", "max_pool"]
+    kernel: KernelSize = 2
+    stride: KernelSize | None = None
+
+
+class GlobalPoolNode(_Node):
+    op: Literal["global_avg_pool"]
+
+
+class DropoutNode(_Node):
+    op: Literal["dropout"]
+    rate: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
+class PassThroughNode(_Node):
+    op: Literal["flatten", "identity", "output"]
+
+
+Node = Annotated[
+    Union[InputNode, DenseNode, ConvNode, ActivationNode, SumNode, ConcatNode, PoolNode,
+          GlobalPoolNode, DropoutNode, PassThroughNode],
+    Field(discriminator="op"),
+]
+
+OPS = ("input", "dense", "conv", "activation", "sum", "concat", "avg_pool", "max_pool",
+       "global_avg_pool", "flatten", "dropout", "identity", "output")
+
+
+class Graph(BaseModel):
+    """A DAG of nodes in any order; edges are the ``inputs`` lists."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: Literal["sigprop.graph/v1"] = Field(default=GRAPH_SCHEMA, alias="schema")
+    nodes: list[Node] = Field(min_length=1)
+
+
+class Template(BaseModel):
+    """A named network that expands server-side to a graph (``GET /v1/templates`` lists them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: Literal["mlp", "resnet", "densenet", "cnn"]
+    depth: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    width: PositiveInt | None = None
+    input_shape: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=3)
+    # resnet
+    version: Literal[1, 2] | None = None
+    shortcut_weight: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    # densenet
+    growth_rate: PositiveInt | None = None
+    # cnn / densenet / resnet input and head
+    classes: PositiveInt | None = None
+    bias: bool | None = None

@@ -1,0 +1,145 @@
+"""Wire models of ``POST /v1/solve``: the request, the answer, and the error object (contract 2-3).
+
+The answer's contract keys (``key``, the activation parameters, ``sigma_w2``/``sigma_b2``, the
+achieved values, ``layers``, ``cached``, ``warnings``) sit at the top level; absent parameters
+are omitted rather than sent as zero, so answers are serialized with ``exclude_none``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .graph import Graph, Template
+
+SOLUTION_SCHEMA = "sigprop.solution/v1"
+
+Method = Literal["tat", "dks", "eoc", "sparse_eoc", "geometric"]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-1e12, le=1e12)]
+
+
+class Targets(BaseModel):
+    """What the solution must achieve; which keys a method needs is in the contract's table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eta: FiniteFloat | None = Field(default=None, description="TAT Leaky ReLU: maximal C_f(0) over subnetworks, in [0, 1)")
+    tau: FiniteFloat | None = Field(default=None, description="TAT smooth: maximal C''_f(1) over subnetworks, > 0")
+    zeta: FiniteFloat | None = Field(default=None, description="DKS: maximal C'_f(1) over subnetworks, > 1")
+    sparsity: FiniteFloat | None = Field(default=None, description="sparse EoC: fraction of zeros, in (0, 1)")
+    v_slope: FiniteFloat | None = Field(default=None, description="sparse EoC (clipped kinds): V'(q*)")
+    q_star: FiniteFloat | None = Field(default=None, description="fixed point of the variance map, > 0 (default 1)")
+
+
+class SolveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    graph: Union[Graph, Template]
+    method: Method
+    activation: str = Field(min_length=1, max_length=64)
+    targets: Targets = Field(default_factory=Targets)
+    init: Literal["orthogonal", "gaussian"] = Field(
+        default="orthogonal",
+        description="weight distribution: scale-corrected uniform orthogonal (Orthogonal Delta for convs) or Gaussian fan-in")
+    c_map_points: int = Field(default=33, ge=3, le=257, description="samples of the global C map on [-1, 1]")
+
+
+class LayerInit(BaseModel):
+    """How to initialize one weighted node (TAT paper Appendix D; DKS paper section 'Parameter distributions')."""
+
+    id: str
+    op: Literal["dense", "conv"]
+    fan_in: int
+    fan_out: int
+    kernel: list[int] | None = None
+    distribution: Literal["scaled_uniform_orthogonal", "orthogonal_delta", "gaussian"]
+    gain: float = Field(description="multiplier on an orthonormal matrix (SUO: max(sqrt(fan_out/fan_in), 1) * sqrt(sigma_w2)); for gaussian the standard deviation")
+    weight_variance: float = Field(description="per-entry variance of the weights, sigma_w2 / fan_in (effective fan-in for Delta)")
+    bias: Literal["zeros", "gaussian", "none"]
+    bias_variance: float = 0.0
+
+
+class RootInfo(BaseModel):
+    """Which root of the nonlinear system was taken, when several exist."""
+
+    starting_point: list[float]
+    attempt: int = Field(description="index of the starting point in the deterministic search order")
+    rejected: int = Field(description="converged roots rejected as unstable (input_scale * output_scale >= 2)")
+    alternatives: list[dict[str, float]] = Field(default_factory=list)
+
+
+class CMapSample(BaseModel):
+    c: list[float]
+    global_: list[float] = Field(alias="global")
+    local: list[float]
+    untransformed: list[float] | None = None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class GraphSummary(BaseModel):
+    nodes: int
+    depth: int = Field(description="nonlinear layers on the longest path")
+    activations: int
+    sums: int
+    concats: int
+    weighted: int
+    subnetworks_considered: int
+
+
+class Solution(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    key: str
+    schema_: str = Field(default=SOLUTION_SCHEMA, alias="schema")
+    engine_version: str
+    method: Method
+    activation: str
+    targets: dict[str, float]
+    # the transformed activation: output_scale * (phi(input_scale * x + input_shift) + output_shift)
+    negative_slope: float | None = None
+    input_scale: float | None = None
+    input_shift: float | None = None
+    output_scale: float | None = None
+    output_shift: float | None = None
+    # sparsifying activations
+    tau: float | None = None
+    m: float | None = None
+    # weight and bias variance scales
+    sigma_w2: float | None = None
+    sigma_b2: float | None = None
+    # achieved values, recomputed from the answer
+    c_f_0: float | None = Field(default=None, description="maximal C_g(0) over subnetworks g")
+    c_curv_1: float | None = Field(default=None, description="maximal C''_g(1) over subnetworks g")
+    c_slope_1: float | None = Field(default=None, description="maximal C'_g(1) over subnetworks g")
+    network_c_f_0: float | None = Field(default=None, description="C_f(0) of the whole network")
+    q_1: float | None = None
+    q_slope_1: float | None = None
+    local_c_0: float | None = None
+    local_c_slope_1: float | None = None
+    local_c_curv_1: float | None = None
+    v_slope: float | None = None
+    v_curvature: float | None = None
+    chi_1: float | None = None
+    q_star: float | None = None
+    root: RootInfo | None = None
+    graph_summary: GraphSummary | None = None
+    c_map: CMapSample | None = None
+    layers: list[LayerInit] = Field(default_factory=list)
+    cached: bool = False
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self) -> str:
+        """The one serialization every surface (CLI, HTTP, cache) uses, so they are byte-identical."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    hint: str = ""
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

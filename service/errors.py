@@ -1,0 +1,39 @@
+"""The one exception type the engine and the service raise for rejected requests.
+
+Each carries the contract's error object (``code``, ``message``, ``hint``) and the HTTP status it
+maps to, so the CLI, the HTTP app and the client all speak the same error shape.
+"""
+
+from __future__ import annotations
+
+# Contract codes (section 3) and the status each answers with. Add, never rename.
+HTTP_STATUS = {
+    "invalid_request": 422,
+    "invalid_graph": 422,
+    "unsupported_op": 422,
+    "unsupported_activation": 422,
+    "unsupported_method": 422,
+    "invalid_target": 422,
+    "unreachable_target": 422,
+    "graph_too_large": 413,
+    "payload_too_large": 413,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "rate_limited": 429,
+    "solve_timeout": 503,
+}
+
+
+class SigpropError(Exception):
+    """A request sigprop rejects, with a message saying what is wrong and a hint what to do."""
+
+    def __init__(self, code: str, message: str, hint: str = "", status: int | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.status = status if status is not None else HTTP_STATUS.get(code, 422)
+
+    def to_dict(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
