@@ -49,6 +49,7 @@ class LayerInit(BaseModel):
     """How to initialize one weighted node (TAT paper Appendix D; DKS paper section 'Parameter distributions')."""
 
     id: str
+    node: int = Field(description="canonical index of the node (post-order from the output)")
     op: Literal["dense", "conv"]
     fan_in: int
     fan_out: int

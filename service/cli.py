@@ -1,0 +1,66 @@
+"""The ``sigprop`` command line (contract section 5)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import __version__
+from .errors import SigpropError
+
+
+def _read_request(path: str):
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise SigpropError("invalid_request", f"cannot read {path}: {exc.strerror}", "give a path to a JSON file, or - for stdin") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SigpropError("invalid_request", f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                           "check the file with a JSON validator") from None
+
+
+def cmd_solve(args) -> int:
+    """Solve offline: no server, no Redis; prints exactly the answer POST /v1/solve gives."""
+    from .engine.solve import solve
+    from .requests import parse_solve_request
+
+    try:
+        answer = solve(parse_solve_request(_read_request(args.request)))
+    except SigpropError as err:
+        print(json.dumps(err.to_dict()), file=sys.stderr)
+        return 2
+    sys.stdout.write(answer.to_json() + "\n")
+    return 0
+
+
+def cmd_schema(args) -> int:
+    """Print the JSON Schema of the graph, the solve request or the answer."""
+    from .schemas import Graph, Solution, SolveRequest
+
+    model = {"graph": Graph, "request": SolveRequest, "solution": Solution}[args.which]
+    print(json.dumps(model.model_json_schema(by_alias=True), indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sigprop", description="Shape deep networks: TAT, DKS, EOC solvers for any architecture graph.")
+    parser.add_argument("--version", action="version", version=f"sigprop {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("solve", help="solve a request offline and print the answer JSON")
+    p.add_argument("request", help="path to a request JSON file, or - for stdin")
+    p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("schema", help="print a JSON Schema (graph, request or solution)")
+    p.add_argument("which", choices=["graph", "request", "solution"])
+    p.set_defaults(func=cmd_schema)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

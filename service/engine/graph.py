@@ -1,0 +1,246 @@
+"""Validated, canonical form of an architecture graph, and its structure for kernel analysis.
+
+``build_graph`` checks what pydantic cannot check node by node (duplicate ids, dangling inputs,
+arity, exactly one output, cycles, shapes, normalized sum weights), infers every node's shape,
+and renumbers the nodes canonically: a post-order walk from the output that follows each node's
+``inputs`` order. Node order in the request and id names therefore change neither the answer nor
+the cache key (contract section 2, ``key``).
+
+Nodes that cannot reach the output are dropped with a warning: they do not affect the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+from ..errors import SigpropError
+from ..schemas.graph import Graph
+
+# Kinds of node for the Q/C map analysis (TAT paper section 2.3, Appendix B.4).
+SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
+
+_KIND = {
+    "input": SOURCE, "dense": AFFINE, "conv": AFFINE, "activation": ACT, "sum": SUM,
+    "concat": CONCAT, "avg_pool": PASS, "max_pool": PASS, "global_avg_pool": PASS,
+    "flatten": PASS, "dropout": PASS, "identity": PASS, "output": PASS,
+}
+_ARITY = {"input": (0, 0), "sum": (2, None), "concat": (2, None)}
+SUM_WEIGHT_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node in canonical numbering; ``inputs`` are canonical indices of earlier nodes."""
+
+    index: int
+    user_id: str
+    op: str
+    kind: str
+    inputs: tuple[int, ...]
+    attrs: dict
+    shape: tuple[int, ...]
+
+    @property
+    def width(self) -> int:
+        """Channels of a feature map, or features of a vector: the width a concat averages by."""
+        return self.shape[0]
+
+
+@dataclass
+class NetworkGraph:
+    nodes: list[Node]
+    output: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.nodes)
+
+    def canonical(self) -> list[dict]:
+        """The graph as plain data with canonical indices for ids: what the cache key hashes."""
+        return [{"op": nd.op, "inputs": list(nd.inputs), **nd.attrs} for nd in self.nodes]
+
+    def digest(self) -> str:
+        payload = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def consumers(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for nd in self.nodes:
+            for i in nd.inputs:
+                out[i].append(nd.index)
+        return out
+
+    def activation_fns(self) -> list[str]:
+        """Distinct activation function names, in canonical order of first use."""
+        seen: dict[str, None] = {}
+        for nd in self.nodes:
+            if nd.kind == ACT:
+                seen.setdefault(nd.attrs["fn"], None)
+        return list(seen)
+
+    def depth(self) -> int:
+        """Nonlinear layers on the longest path from an input to the output."""
+        d = [0] * self.n
+        for nd in self.nodes:
+            base = max((d[i] for i in nd.inputs), default=0)
+            d[nd.index] = base + (1 if nd.kind == ACT else 0)
+        return d[self.output]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for nd in self.nodes if nd.kind == kind)
+
+
+def _invalid(message: str, hint: str) -> SigpropError:
+    return SigpropError("invalid_graph", message, hint)
+
+
+def _pair(value) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _conv_out(size: int, kernel: int, stride: int, padding) -> int:
+    if padding == "same":
+        return math.ceil(size / stride)
+    pad = 0 if padding == "valid" else int(padding)
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def _infer(nd, in_shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], dict]:
+    """Output shape and canonical attributes of one node, given its inputs' shapes."""
+    op = nd.op
+    nid = nd.id
+    if op == "input":
+        return tuple(nd.shape), {"shape": list(nd.shape)}
+    s = in_shapes[0]
+    if op == "dense":
+        if len(s) != 1:
+            raise _invalid(f"dense node '{nid}' gets a feature map of shape {list(s)}",
+                           "insert a 'flatten' or 'global_avg_pool' node before a dense layer")
+        return (nd.units,), {"units": nd.units, "bias": nd.bias}
+    if op == "conv":
+        if len(s) != 3:
+            raise _invalid(f"conv node '{nid}' gets a vector of shape {list(s)}",
+                           "conv layers take [channels, height, width] inputs; give the input node a 3-element shape")
+        kh, kw = _pair(nd.kernel)
+        sh, sw = _pair(nd.stride)
+        h, w = _conv_out(s[1], kh, sh, nd.padding), _conv_out(s[2], kw, sw, nd.padding)
+        if h < 1 or w < 1:
+            raise _invalid(f"conv node '{nid}' shrinks a {s[1]}x{s[2]} map to nothing",
+                           "use padding 'same', a smaller kernel or stride, or a larger input")
+        return (nd.channels, h, w), {"channels": nd.channels, "kernel": [kh, kw], "stride": [sh, sw],
+                                     "padding": nd.padding, "bias": nd.bias}
+    if op in ("avg_pool", "max_pool"):
+        if len(s) != 3:
+            raise _invalid(f"{op} node '{nid}' gets a vector of shape {list(s)}", "pooling needs a [channels, height, width] input")
+        kh, kw = _pair(nd.kernel)
+        sh, sw = _pair(nd.stride if nd.stride is not None else nd.kernel)
+        h, w = (s[1] - kh) // sh + 1, (s[2] - kw) // sw + 1
+        if h < 1 or w < 1:
+            raise _invalid(f"{op} node '{nid}' shrinks a {s[1]}x{s[2]} map to nothing", "use a smaller pooling kernel")
+        return (s[0], h, w), {"kernel": [kh, kw], "stride": [sh, sw]}
+    if op == "global_avg_pool":
+        if len(s) != 3:
+            raise _invalid(f"global_avg_pool node '{nid}' gets a vector of shape {list(s)}", "it needs a [channels, height, width] input")
+        return (s[0],), {}
+    if op == "flatten":
+        return (math.prod(s),), {}
+    if op == "dropout":
+        return s, {"rate": nd.rate}
+    if op == "sum":
+        for other in in_shapes[1:]:
+            if other != s:
+                raise _invalid(f"sum node '{nid}' adds shapes {[list(x) for x in in_shapes]}",
+                               "all inputs of a sum must have the same shape")
+        n = len(in_shapes)
+        weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
+        if len(weights) != n:
+            raise _invalid(f"sum node '{nid}' has {n} inputs but {len(weights)} weights", "give one weight per input")
+        sq = sum(w * w for w in weights)
+        if abs(sq - 1.0) > SUM_WEIGHT_TOLERANCE:
+            norm = math.sqrt(sq) if sq > 0 else 1.0
+            raise _invalid(f"sum node '{nid}' weights have sum of squares {sq:.6g}, not 1",
+                           f"normalize them, e.g. {[round(w / norm, 6) for w in weights]}, or omit them for equal weights")
+        return s, {"weights": [float(w) for w in weights]}
+    if op == "concat":
+        rank = {len(x) for x in in_shapes}
+        if len(rank) != 1 or (len(s) == 3 and len({x[1:] for x in in_shapes}) != 1):
+            raise _invalid(f"concat node '{nid}' joins shapes {[list(x) for x in in_shapes]}",
+                           "concatenation is along channels: inputs need equal rank and equal height and width")
+        return (sum(x[0] for x in in_shapes),) + tuple(s[1:]), {}
+    # activation, identity, output
+    return s, {}
+
+
+def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkGraph:
+    """Validate a wire graph and return its canonical form (see module docstring)."""
+    by_id: dict[str, object] = {}
+    for nd in graph.nodes:
+        if nd.id in by_id:
+            raise _invalid(f"node id '{nd.id}' is used twice", "give every node a unique id")
+        by_id[nd.id] = nd
+
+    outputs = [nd.id for nd in graph.nodes if nd.op == "output"]
+    if len(outputs) != 1:
+        raise _invalid(f"the graph has {len(outputs)} output nodes" + (f" ({', '.join(outputs[:5])})" if outputs else ""),
+                       "exactly one node must have op 'output'; merge several heads with a concat or sum first")
+
+    for nd in graph.nodes:
+        lo, hi = _ARITY.get(nd.op, (1, 1))
+        k = len(nd.inputs)
+        if k < lo or (hi is not None and k > hi):
+            want = f"{lo}" if lo == hi else f"at least {lo}"
+            raise _invalid(f"node '{nd.id}' ({nd.op}) has {k} inputs", f"op '{nd.op}' takes {want} input(s)")
+        for src in nd.inputs:
+            if src not in by_id:
+                raise _invalid(f"node '{nd.id}' reads from '{src}', which is not in the graph",
+                               "every id in 'inputs' must be the id of a node in 'nodes'")
+            if by_id[src].op == "output":
+                raise _invalid(f"node '{nd.id}' reads from the output node '{src}'", "the output node must be last")
+
+    # Iterative post-order DFS from the output, following inputs in order; grey nodes on the
+    # stack reveal cycles.
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 = on stack, 2 = done
+    stack: list[tuple[str, int]] = [(outputs[0], 0)]
+    state[outputs[0]] = 1
+    while stack:
+        nid, pos = stack[-1]
+        ins = by_id[nid].inputs
+        if pos < len(ins):
+            stack[-1] = (nid, pos + 1)
+            nxt = ins[pos]
+            st = state.get(nxt)
+            if st == 1:
+                raise _invalid(f"the graph has a cycle through '{nxt}'", "the graph must be acyclic: remove the edge that loops back")
+            if st is None:
+                state[nxt] = 1
+                stack.append((nxt, 0))
+        else:
+            stack.pop()
+            state[nid] = 2
+            order.append(nid)
+
+    warnings = []
+    dropped = [nd.id for nd in graph.nodes if nd.id not in state]
+    if dropped:
+        warnings.append(f"{len(dropped)} node(s) do not reach the output and were ignored: {', '.join(dropped[:10])}")
+
+    index = {nid: i for i, nid in enumerate(order)}
+    nodes: list[Node] = []
+    for i, nid in enumerate(order):
+        nd = by_id[nid]
+        ins = tuple(index[x] for x in nd.inputs)
+        shape, attrs = _infer(nd, [nodes[j].shape for j in ins])
+        if nd.op == "activation":
+            fn = nd.fn or default_activation
+            if fn is None:
+                raise _invalid(f"activation node '{nid}' names no function", "set 'fn' on the node or 'activation' on the request")
+            attrs = {"fn": fn}
+        nodes.append(Node(i, nid, nd.op, _KIND[nd.op], ins, attrs, shape))
+    if not any(nd.kind == SOURCE for nd in nodes):
+        raise _invalid("no input node reaches the output", "add an 'input' node feeding the network")
+    return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=warnings)

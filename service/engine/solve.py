@@ -1,0 +1,210 @@
+"""One entry point: a validated ``SolveRequest`` in, a ``Solution`` (the contract's answer) out.
+
+``prepare`` canonicalizes the request and computes its key without solving (the service looks
+the key up in its cache first); ``solve_prepared`` does the work. Every achieved value in the
+answer is recomputed from the returned parameters, not echoed from the targets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ENGINE_VERSION
+from ..errors import SigpropError
+from ..schemas.graph import Template
+from ..schemas.solve import CMapSample, GraphSummary, RootInfo, Solution, SolveRequest
+from . import deep_kernel_shaping, eoc, tat
+from .activations import Activation, get_activation, transformed
+from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph
+from .initialization import layer_inits
+from .qc_maps import TabulatedCMap, leaky_relu_c_map, local_stats
+from .subnetworks import SubnetworkProgram, compile_subnetworks
+from .templates import expand_template
+
+METHOD_TARGETS = {
+    "tat": ("eta", "tau"),
+    "dks": ("zeta",),
+    "eoc": ("q_star",),
+    "sparse_eoc": ("sparsity", "v_slope", "q_star"),
+    "geometric": (),
+}
+
+
+@dataclass
+class Prepared:
+    request: SolveRequest
+    graph: NetworkGraph
+    key: str
+
+
+def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
+    """Hex digest of the canonical request: equal for reordered or renamed graphs (contract 2)."""
+    payload = {
+        "engine": ENGINE_VERSION,
+        "graph": graph.canonical(),
+        "method": request.method,
+        "activation": request.activation,
+        "targets": {k: float(v) for k, v in request.targets.model_dump(exclude_none=True).items()},
+        "init": request.init,
+        "c_map_points": request.c_map_points,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def prepare(request: SolveRequest) -> Prepared:
+    wire_graph = expand_template(request.graph) if isinstance(request.graph, Template) else request.graph
+    graph = build_graph(wire_graph, default_activation=request.activation)
+    return Prepared(request, graph, request_key(graph, request))
+
+
+def solve(request: SolveRequest) -> Solution:
+    return solve_prepared(prepare(request))
+
+
+def _check_targets(request: SolveRequest) -> dict[str, float]:
+    given = request.targets.model_dump(exclude_none=True)
+    allowed = METHOD_TARGETS[request.method]
+    extra = sorted(set(given) - set(allowed))
+    if extra:
+        raise SigpropError("invalid_target", f"method '{request.method}' does not use target(s) {', '.join(extra)}",
+                           f"targets for '{request.method}': {', '.join(allowed) or 'none'}")
+    return given
+
+
+def _single_activation(graph: NetworkGraph, request: SolveRequest) -> Activation:
+    fns = graph.activation_fns()
+    if len(fns) > 1:
+        raise SigpropError("invalid_request", f"the graph uses several activation functions ({', '.join(fns)})",
+                           "this method solves one activation per request: drop the per-node 'fn' attributes")
+    return get_activation(fns[0] if fns else request.activation)
+
+
+def _summary(graph: NetworkGraph, program: SubnetworkProgram) -> GraphSummary:
+    return GraphSummary(nodes=graph.n, depth=graph.depth(), activations=graph.count(ACT), sums=graph.count(SUM),
+                        concats=graph.count(CONCAT), weighted=sum(1 for nd in graph.nodes if nd.kind == "affine"),
+                        subnetworks_considered=program.regions)
+
+
+def _c_grid(points: int) -> np.ndarray:
+    return np.linspace(-1.0, 1.0, points)
+
+
+def _warnings_for(graph: NetworkGraph, act: Activation) -> list[str]:
+    out = list(graph.warnings)
+    pools = [nd.user_id for nd in graph.nodes if nd.op == "max_pool"]
+    if pools:
+        out.append(f"max_pool is not covered by the Q/C map theory and is treated as the identity ({', '.join(pools[:5])})")
+    return out
+
+
+def _smooth_warnings(act: Activation) -> list[str]:
+    out = []
+    if not act.d1_continuous:
+        out.append(f"'{act.name}' has a jump in its first derivative at 0, so strictly C''(1) is infinite; "
+                   "like the reference dks, the solve uses the smooth part of phi''")
+    return out
+
+
+def solve_prepared(prep: Prepared) -> Solution:
+    request, graph = prep.request, prep.graph
+    targets = _check_targets(request)
+    method = request.method
+    if method in ("sparse_eoc", "geometric"):
+        raise SigpropError("unsupported_method", f"method '{method}' is not available in this engine version yet",
+                           "use 'tat', 'dks' or 'eoc'")
+    program = compile_subnetworks(graph)
+    act = _single_activation(graph, request)
+    warnings = _warnings_for(graph, act)
+    grid = _c_grid(request.c_map_points)
+    common = dict(key=prep.key, engine_version=ENGINE_VERSION, method=method, activation=request.activation,
+                  targets=targets, graph_summary=_summary(graph, program))
+
+    if method == "tat" and act.name == "leaky_relu":
+        if "eta" not in targets:
+            raise SigpropError("invalid_target", "TAT with leaky_relu needs the target 'eta'",
+                               "add \"targets\": {\"eta\": 0.9} (the paper uses 0.9 or 0.95)")
+        if "tau" in targets:
+            raise SigpropError("invalid_target", "'tau' is the target of TAT for smooth activations",
+                               "for leaky_relu give 'eta' only")
+        a = tat.solve_tat_leaky_relu(program, targets["eta"])
+        out_scale = float(np.sqrt(2.0 / (1.0 + a * a)))
+        phi_hat = transformed(get_activation("leaky_relu", negative_slope=a), output_scale=out_scale)
+        st = local_stats(phi_hat)
+        local = lambda c, _slot: leaky_relu_c_map(c, a)  # noqa: E731
+        relu = lambda c, _slot: leaky_relu_c_map(c, 0.0)  # noqa: E731
+        return Solution(
+            **common, negative_slope=a, output_scale=out_scale, sigma_w2=1.0, sigma_b2=0.0,
+            c_f_0=float(tat.max_c_value(program, a)), network_c_f_0=float(program.global_map(0.0, local)),
+            q_1=st.q_1, q_slope_1=st.q_slope_1, local_c_0=st.c_0, local_c_slope_1=st.c_slope_1, chi_1=st.c_slope_1,
+            c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, local).tolist(),
+                             local=local(grid, 0).tolist(), untransformed=program.global_map(grid, relu).tolist()),
+            layers=layer_inits(graph, request.init), warnings=warnings + _maximizer_note(program, 0.0, local))
+
+    if method in ("tat", "dks") and not act.smooth:
+        hint = ("use method 'tat' with activation 'leaky_relu' (TReLU)" if act.name == "relu" or act.positively_homogeneous
+                else "choose a smooth activation such as softplus, tanh, gelu or swish")
+        raise SigpropError("unsupported_activation",
+                           f"'{act.name}' is not smooth: {'TAT' if method == 'tat' else 'DKS'} needs a finite C''(1)", hint)
+
+    if method == "tat":
+        if "tau" not in targets:
+            raise SigpropError("invalid_target", f"TAT with the smooth activation '{act.name}' needs the target 'tau'",
+                               "add \"targets\": {\"tau\": 0.3}; 'eta' is for leaky_relu")
+        sol = tat.solve_tat_smooth(program, act, targets["tau"])
+        return _smooth_solution(common, program, graph, request, act, sol.transform, grid,
+                                warnings + _smooth_warnings(act), curvature=True)
+
+    if method == "dks":
+        if "zeta" not in targets:
+            raise SigpropError("invalid_target", "DKS needs the target 'zeta'", "add \"targets\": {\"zeta\": 1.5}")
+        sol = deep_kernel_shaping.solve_dks(program, act, targets["zeta"])
+        return _smooth_solution(common, program, graph, request, act, sol.transform, grid,
+                                warnings + _smooth_warnings(act), curvature=False)
+
+    # eoc
+    sol = eoc.solve_eoc(act, targets.get("q_star", 1.0))
+    phi = act.fn
+    sw2, sb2, qs = sol.sigma_w2, sol.sigma_b2, sol.q_star
+    table = TabulatedCMap(phi, q=qs)
+    q_post = float(sw2 and (qs - sb2) / sw2)  # E[phi(sqrt(q*) z)^2]
+
+    def combined(c, _slot):
+        # dense + activation at the fixed point: pre-activation correlation -> next one
+        return (sw2 * q_post * table(c) + sb2) / qs
+
+    return Solution(
+        **common, sigma_w2=sw2, sigma_b2=sb2, q_star=qs, chi_1=sol.chi_1, v_slope=sol.v_slope,
+        v_curvature=sol.v_curvature,
+        c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(),
+                         local=combined(grid, 0).tolist()),
+        layers=layer_inits(graph, request.init, sw2, sb2), warnings=warnings)
+
+
+def _maximizer_note(program: SubnetworkProgram, x: float, r) -> list[str]:
+    name = program.argmax(x, r)
+    return [] if name == "the whole network" else [f"the maximizing subnetwork is not the whole network: it runs {name}"]
+
+
+def _smooth_solution(common, program, graph, request, act, tr, grid, warnings, curvature: bool) -> Solution:
+    p = tr.params
+    phi_hat = transformed(act, p["input_scale"], p["input_shift"], p["output_scale"], p["output_shift"])
+    st = local_stats(phi_hat)
+    table = TabulatedCMap(phi_hat.fn)
+    local = lambda c, _slot: table(c)  # noqa: E731
+    curv = float(program.maximize(0.0, lambda y, _s: st.c_curv_1 + y))
+    slope = float(program.maximize(1.0, lambda y, _s: st.c_slope_1 * y))
+    return Solution(
+        **common, input_scale=p["input_scale"], input_shift=p["input_shift"], output_scale=p["output_scale"],
+        output_shift=p["output_shift"], sigma_w2=1.0, sigma_b2=0.0,
+        c_curv_1=curv, c_slope_1=slope, network_c_f_0=float(program.global_map(np.array([0.0]), local)[0]),
+        q_1=st.q_1, q_slope_1=st.q_slope_1, local_c_0=st.c_0, local_c_slope_1=st.c_slope_1,
+        local_c_curv_1=st.c_curv_1, chi_1=st.c_slope_1,
+        root=RootInfo(starting_point=list(tr.starting_point), attempt=tr.attempt, rejected=tr.rejected),
+        c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, local).tolist(), local=table(grid).tolist()),
+        layers=layer_inits(graph, request.init),
+        warnings=warnings + (_maximizer_note(program, 0.0, lambda y, _s: st.c_curv_1 + y) if curvature
+                             else _maximizer_note(program, 1.0, lambda y, _s: st.c_slope_1 * y)))

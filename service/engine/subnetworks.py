@@ -1,0 +1,230 @@
+"""The generalized map U_{f,r} of a DAG and the subnetwork maximizing function M_{f,r}.
+
+TAT paper Appendix B.2: M_{f,r}(x) = max over subnetworks g of f of U_{g,r}(x), where U_{g,r} is
+the global C map of g with the local C map replaced by a non-decreasing r (rules of B.4:
+composition composes, affine layers are the identity, nonlinear layers are r, a normalized sum
+with weights w_i is sum_i w_i^2 U_i, and a concatenation is the width-weighted average, which is
+how its C map combines its inputs' maps).
+
+A subnetwork is a single-entry single-exit region (s, t): every path from the inputs to t passes
+through s (s dominates t), and every node of the region other than s feeds only nodes of the
+region (t post-dominates them), so the region has one input layer and one output layer (footnote
+4 of the paper). Because U_{g o h} >= U_g, U_h (B.2), only the largest region ending at each node
+t matters: its entry s*(t) is the highest dominator of t for which the region stays single-exit.
+The regions are found from the dominator and post-dominator trees in about linear time for the
+usual architectures, so the whole M_{f,r} needs one forward pass over the network plus one pass
+over each branch that cannot compose into a larger subnetwork (a residual branch, a dense layer
+of a DenseNet): exactly the subnetworks B.5 says need visiting, derived from the graph rather than
+written by hand as dks users do today.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .graph import ACT, CONCAT, SOURCE, SUM, NetworkGraph
+
+# r(value, fn_slot) -> value: the local map standing in for each nonlinear layer, given the
+# index of the layer's activation function in ``NetworkGraph.activation_fns()``.
+LocalMap = Callable[[object, int], object]
+
+_OP_PASS, _OP_ACT, _OP_MIX = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _Group:
+    start: int | None          # entry node; None = the network's inputs (the whole network f)
+    steps: tuple               # (node, op, inputs, coefficients or fn slot) in topological order
+    endpoints: tuple[int, ...]  # nodes t whose largest subnetwork starts at ``start``
+
+
+@dataclass(frozen=True)
+class SubnetworkProgram:
+    """M_{f,r} compiled for repeated evaluation with different r (one per solver iteration)."""
+
+    groups: tuple[_Group, ...]
+    output: int
+    user_ids: tuple[str, ...]
+
+    @property
+    def regions(self) -> int:
+        return sum(len(g.endpoints) for g in self.groups)
+
+    def global_map(self, x, r: LocalMap):
+        """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
+        vals = self._run(self.groups[0], x, r)
+        return vals[self.output]
+
+    def maximize(self, x, r: LocalMap):
+        """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
+        best = None
+        for g in self.groups:
+            vals = self._run(g, x, r)
+            for t in g.endpoints:
+                v = vals[t]
+                best = v if best is None else np.maximum(best, v)
+        return best
+
+    def argmax(self, x: float, r: LocalMap) -> str:
+        """A readable name of the subnetwork that attains M_{f,r}(x)."""
+        whole = float(self.global_map(x, r))
+        best, name = whole, "the whole network"
+        for g in self.groups:
+            vals = self._run(g, x, r)
+            for t in g.endpoints:
+                if vals[t] > best * (1 + 1e-12) + 1e-15:
+                    best = vals[t]
+                    name = "the whole network" if (g.start is None and t == self.output) else (
+                        f"from {'the input' if g.start is None else repr(self.user_ids[g.start])} to {self.user_ids[t]!r}")
+        return name
+
+    @staticmethod
+    def _run(group: _Group, x, r: LocalMap) -> dict:
+        vals: dict[int, object] = {}
+        if group.start is not None:
+            vals[group.start] = x
+        for node, op, ins, arg in group.steps:
+            if op == _OP_PASS:
+                vals[node] = x if ins is None else vals[ins]
+            elif op == _OP_ACT:
+                vals[node] = r(vals[ins], arg)
+            else:
+                acc = 0.0
+                for i, coef in zip(ins, arg):
+                    acc = acc + coef * vals[i]
+                vals[node] = acc
+        return vals
+
+
+def _dominators(preds: list[list[int]], root: int) -> tuple[list[int], list[int]]:
+    """Immediate dominators of a DAG whose nodes are numbered in topological order from ``root``'s side."""
+    n = len(preds)
+    idom = [root] * n
+    depth = [0] * n
+
+    def lca(a: int, b: int) -> int:
+        while a != b:
+            da = depth[a] if a != root else -1
+            db = depth[b] if b != root else -1
+            if da >= db:
+                a = idom[a]
+            else:
+                b = idom[b]
+        return a
+
+    for v in range(n):
+        ps = preds[v]
+        d = ps[0] if ps else root
+        for p in ps[1:]:
+            d = lca(d, p)
+            if d == root:
+                break
+        idom[v] = d
+        depth[v] = 0 if d == root else depth[d] + 1
+    return idom, depth
+
+
+def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
+    """Find the largest subnetwork ending at each node and compile the passes M_{f,r} needs."""
+    n = graph.n
+    nodes = graph.nodes
+    preds = [list(nd.inputs) for nd in nodes]
+    succs = graph.consumers()
+    root = n
+
+    idom, _ = _dominators(preds, root)
+    # Post-dominators: the same computation on the reversed graph (node k -> n-1-k), sink = output.
+    rev_preds = [[n - 1 - s for s in succs[n - 1 - k]] for k in range(n)]
+    ridom, _ = _dominators(rev_preds, root)
+    ipdom = [root if ridom[n - 1 - v] == root else n - 1 - ridom[n - 1 - v] for v in range(n)]
+
+    # Euler intervals of the post-dominator tree: t post-dominates v iff v is in t's subtree.
+    children: list[list[int]] = [[] for _ in range(n + 1)]
+    for v in range(n):
+        children[ipdom[v]].append(v)
+    tin = [0] * (n + 1)
+    tout = [0] * (n + 1)
+    clock = 0
+    stack = [(root, 0)]
+    while stack:
+        v, i = stack.pop()
+        if i == 0:
+            tin[v] = clock
+            clock += 1
+        if i < len(children[v]):
+            stack.append((v, i + 1))
+            stack.append((children[v][i], 0))
+        else:
+            tout[v] = clock
+
+    def pdom(t: int, v: int) -> bool:
+        return tin[t] <= tin[v] and tout[v] <= tout[t]
+
+    def region(start: int, ends) -> set[int]:
+        """Nodes on paths from ``start`` (exclusive; root = the inputs) to any of ``ends``."""
+        seen = set(ends)
+        stack = list(ends)
+        while stack:
+            v = stack.pop()
+            for p in preds[v]:
+                if p != start and p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return seen
+
+    # valid_step[s]: the region between idom(s) and s leaves only through s.
+    valid_step = [all(pdom(s, v) for v in region(idom[s], [s])) for s in range(n)]
+
+    # s*(t): climb the dominator tree while the region stays single-exit, jumping over the part
+    # already solved for the node climbed onto (everything it post-dominates, t does too).
+    best_start: list[int | None] = [None] * n
+    for t in range(n):
+        if nodes[t].kind == SOURCE:
+            best_start[t] = root  # the trivial region (inputs, t): lets climbs jump past inputs
+            continue
+        if not valid_step[t]:
+            continue
+        cand = idom[t]
+        while cand != root and pdom(t, cand) and valid_step[cand] and best_start[cand] is not None:
+            cand = best_start[cand]
+        best_start[t] = cand
+
+    by_start: dict[int, list[int]] = {}
+    for t in range(n):
+        if best_start[t] is not None and nodes[t].kind != SOURCE:
+            by_start.setdefault(best_start[t], []).append(t)
+    by_start.setdefault(root, [graph.output])
+    if graph.output not in by_start[root]:
+        by_start[root].append(graph.output)
+
+    groups = []
+    for start in sorted(by_start, key=lambda s: -1 if s == root else s):
+        ends = by_start[start]
+        members = sorted(region(start, ends) - {start})
+        steps = []
+        for v in members:
+            nd = nodes[v]
+            if nd.kind == SOURCE:
+                steps.append((v, _OP_PASS, None, None))
+            elif nd.kind == ACT:
+                steps.append((v, _OP_ACT, nd.inputs[0], None))
+            elif nd.kind == SUM:
+                steps.append((v, _OP_MIX, nd.inputs, tuple(w * w for w in nd.attrs["weights"])))
+            elif nd.kind == CONCAT:
+                widths = [nodes[i].width for i in nd.inputs]
+                total = float(sum(widths))
+                steps.append((v, _OP_MIX, nd.inputs, tuple(w / total for w in widths)))
+            else:
+                steps.append((v, _OP_PASS, nd.inputs[0], None))
+        groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
+
+    fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
+    # Resolve activation slots now so evaluation needs no lookups.
+    resolved = []
+    for g in groups:
+        steps = tuple((v, op, ins, fn_slot[nodes[v].attrs["fn"]] if op == _OP_ACT else arg) for v, op, ins, arg in g.steps)
+        resolved.append(_Group(g.start, steps, g.endpoints))
+    return SubnetworkProgram(tuple(resolved), graph.output, tuple(nd.user_id for nd in nodes))

@@ -1,0 +1,74 @@
+"""Tailored Activation Transformation (TAT paper section 4, Appendix B.6).
+
+``solve_tat_leaky_relu`` is Algorithm 1: the negative slope a of the Tailored Rectifier
+sqrt(2 / (1 + a^2)) * phi_a with mu_f^0(a) = M_{f, C_a}(0) = eta, where C_a is the closed-form local
+C map of equation 9. mu_f^0 is strictly decreasing in a (Appendix B.3), so a bracketing root finder
+on [0, 1] is exact to machine precision.
+
+``solve_tat_smooth`` is Algorithm 2: the maximal curvature function mu_f^2(C''(1)) = M_{f, r_2}(0)
+with r_2(x) = C''(1) + x is a non-negative multiple kappa * C''(1) (Appendix B.4, second recipe),
+so the per-layer target is tau / kappa; then the system of equation 16 gives alpha, beta, delta and
+equation 15 gives gamma.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import scipy.optimize as sp_opt
+
+from ..errors import SigpropError
+from .activations import Activation
+from .qc_maps import leaky_relu_c_map_scalar
+from .subnetworks import SubnetworkProgram
+from .transform import TransformSolution, solve_transform
+
+
+def max_c_value(program: SubnetworkProgram, negative_slope: float) -> float:
+    """mu_f^0(a): the maximal C_g(0) over subnetworks g for Leaky ReLU slope a (Appendix B.1)."""
+    return program.maximize(0.0, lambda c, _slot: leaky_relu_c_map_scalar(c, negative_slope))
+
+
+def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
+    """Negative slope a with mu_f^0(a) = eta (Algorithm 1)."""
+    if not 0.0 <= eta < 1.0:
+        raise SigpropError("invalid_target", f"eta = {eta} is outside [0, 1)",
+                           "eta is a C map value at 0: use 0 <= eta < 1 (the paper uses 0.9 or 0.95)")
+    reachable = max_c_value(program, 0.0)  # a = 0 (ReLU) is the most nonlinear Leaky ReLU
+    if eta > reachable:
+        raise SigpropError(
+            "unreachable_target",
+            f"eta = {eta} is more than this network can reach: the largest maximal C_f(0) over its "
+            f"subnetworks is {reachable:.6f}, at negative slope 0 (ReLU)",
+            f"use eta <= {math.floor(reachable * 1e6) / 1e6:.6f}, or a deeper network")
+    if eta == reachable:
+        return 0.0
+    if eta == 0.0:
+        return 1.0
+    return float(sp_opt.brentq(lambda a: max_c_value(program, a) - eta, 0.0, 1.0, xtol=1e-15, rtol=1e-15, maxiter=200))
+
+
+@dataclass(frozen=True)
+class SmoothTAT:
+    kappa: float            # mu_f^2(C''(1)) / C''(1)
+    local_c_curv_1: float   # per-layer C''(1) target
+    transform: TransformSolution
+
+
+def curvature_multiplier(program: SubnetworkProgram) -> float:
+    """kappa with mu_f^2(C''(1)) = kappa * C''(1) (Appendix B.4 with C''(1) = 1)."""
+    return float(program.maximize(0.0, lambda y, _slot: 1.0 + y))
+
+
+def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) -> SmoothTAT:
+    """alpha, beta, gamma, delta with maximal C''_g(1) = tau and Q(1) = Q'(1) = C'(1) = 1 (Algorithm 2)."""
+    if not tau > 0.0:
+        raise SigpropError("invalid_target", f"tau = {tau} is not positive",
+                           "tau is the maximal C''_f(1) over subnetworks: use a small positive value such as 0.3")
+    kappa = curvature_multiplier(program)
+    if kappa <= 0.0:
+        raise SigpropError("unreachable_target", "the network has no nonlinear layer, so C''_f(1) = 0 for any tau",
+                           "add activation nodes to the graph")
+    local = tau / kappa
+    return SmoothTAT(kappa, local, solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local))
