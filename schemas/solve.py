@@ -67,7 +67,6 @@ class RootInfo(BaseModel):
     starting_point: list[float]
     attempt: int = Field(description="index of the starting point in the deterministic search order")
     rejected: int = Field(description="converged roots rejected as unstable (input_scale * output_scale >= 2)")
-    alternatives: list[dict[str, float]] = Field(default_factory=list)
 
 
 class CMapSample(BaseModel):

@@ -45,4 +45,15 @@ class DKSSolution:
 def solve_dks(program: SubnetworkProgram, act: Activation, zeta: float) -> DKSSolution:
     """alpha, beta, gamma, delta with maximal C'_g(1) = zeta, C(0) = 0 and Q(1) = Q'(1) = 1."""
     slope = local_slope_target(program, zeta)
-    return DKSSolution(slope, solve_transform(act, c_slope_1=slope, q_slope_1=1.0, c_0=0.0))
+    try:
+        return DKSSolution(slope, solve_transform(act, c_slope_1=slope, q_slope_1=1.0, c_0=0.0))
+    except SigpropError as err:
+        for smaller in (1.0 + (zeta - 1.0) / 2, 1.0 + (zeta - 1.0) / 10):
+            try:
+                solve_transform(act, c_slope_1=local_slope_target(program, smaller), q_slope_1=1.0, c_0=0.0,
+                                num_tries=6, time_budget_s=0.2)
+            except SigpropError:
+                continue
+            err.hint = f"zeta = {smaller:.6g} is reachable for '{act.name}' on this graph; ask for at most that"
+            break
+        raise

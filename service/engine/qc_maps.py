@@ -60,9 +60,10 @@ class LocalStats:
 
 
 def _z_kinks(act: Activation, input_scale: float, input_shift: float) -> list[float]:
+    """Where phi(input_scale z + input_shift) kinks, or for a smooth phi, bends (at its input 0)."""
     if input_scale == 0:
         return []
-    return [(k - input_shift) / input_scale for k in act.kinks]
+    return [(k - input_shift) / input_scale for k in (act.kinks or (0.0,))]
 
 
 def local_stats(act: Activation, input_scale: float = 1.0, input_shift: float = 0.0,

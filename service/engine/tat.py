@@ -71,4 +71,16 @@ def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) ->
         raise SigpropError("unreachable_target", "the network has no nonlinear layer, so C''_f(1) = 0 for any tau",
                            "add activation nodes to the graph")
     local = tau / kappa
-    return SmoothTAT(kappa, local, solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local))
+    try:
+        return SmoothTAT(kappa, local, solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local))
+    except SigpropError as err:
+        # Say what is reachable: the largest of a few smaller targets that solves quickly.
+        for factor in (0.5, 0.1, 0.01):
+            try:
+                solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local * factor, num_tries=6, time_budget_s=0.2)
+            except SigpropError:
+                continue
+            err.hint = (f"tau = {tau * factor:.6g} is reachable for '{act.name}' on this graph "
+                        f"(kappa = {kappa:.6g} curvature units per layer); ask for at most that, or use a deeper network")
+            break
+        raise

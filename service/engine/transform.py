@@ -14,6 +14,7 @@ observed those to have unstable Q maps and larger kernel approximation errors.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,17 @@ _SEED = 123
 NUM_TRIES = 50
 RESIDUAL_TOL = 1e-9
 UNSTABLE_PRODUCT = 2.0
+# Bounds that keep an unreachable target from turning into a long search: beyond this input
+# scale the activation is a near-step function (no useful transformation), each root search gets
+# a bounded number of evaluations, and the whole search a wall-clock budget.
+MAX_INPUT_SCALE = 100.0
+MAX_EVALS_PER_START = 150
+TIME_BUDGET_S = 2.0
+_PENALTY = 1e3
+
+
+class _OutOfTime(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -64,14 +76,20 @@ def complete_params(act: Activation, names: tuple[str, ...], p, c_0_target: floa
 
 def solve_transform(act: Activation, *, c_slope_1: float, q_slope_1: float = 1.0,
                     c_curv_1: float | None = None, c_0: float | None = None,
-                    num_tries: int = NUM_TRIES) -> TransformSolution:
+                    num_tries: int = NUM_TRIES, time_budget_s: float = TIME_BUDGET_S) -> TransformSolution:
     """Find alpha, beta, delta, gamma meeting the local targets; raise if no stable root exists."""
     if c_0 is not None:
         names: tuple[str, ...] = ("input_scale", "input_shift")
     else:
         names = ("input_scale", "input_shift", "output_shift")
 
+    deadline = time.monotonic() + time_budget_s
+
     def residuals(p):
+        if time.monotonic() > deadline:
+            raise _OutOfTime
+        if not (abs(p[0]) <= MAX_INPUT_SCALE and np.all(np.abs(p[1:]) <= 1e3)):
+            return np.full(len(names), _PENALTY)
         params = complete_params(act, names, p, c_0)
         st = local_stats(act, **params)
         r = [st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1]
@@ -81,8 +99,11 @@ def solve_transform(act: Activation, *, c_slope_1: float, q_slope_1: float = 1.0
 
     rejected = 0
     for attempt, start in enumerate(starting_points(names, num_tries)):
-        with np.errstate(all="ignore"):
-            sol = sp_opt.root(residuals, np.asarray(start), method="hybr")
+        try:
+            with np.errstate(all="ignore"):
+                sol = sp_opt.root(residuals, np.asarray(start), method="hybr", options={"maxfev": MAX_EVALS_PER_START})
+        except _OutOfTime:
+            break
         if not sol.success or not np.all(np.isfinite(sol.x)):
             continue
         with np.errstate(all="ignore"):
@@ -98,6 +119,7 @@ def solve_transform(act: Activation, *, c_slope_1: float, q_slope_1: float = 1.0
     raise SigpropError(
         "unreachable_target",
         f"no stable transformation of '{act.name}' reaches the per-layer target {target} "
-        f"({num_tries} starting points tried, {rejected} unstable roots rejected)",
+        f"(searched {attempt + 1} starting points with input_scale up to {MAX_INPUT_SCALE:g}, "
+        f"{rejected} unstable roots rejected)",
         "ask for less curvature (smaller tau or zeta), use a deeper network so each layer needs less, "
         "or try another activation function")
