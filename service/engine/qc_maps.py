@@ -136,3 +136,32 @@ class TabulatedCMap:
 
     def __call__(self, c):
         return np.clip(self._interp(np.clip(c, -1.0, 1.0)), -1.0, 1.0)
+
+
+class HermiteCMap:
+    """The local C map of phi_hat as its Hermite (Mehler) series, from one 1-D quadrature pass.
+
+    With a_k = E[phi_hat(z) h_k(z)] for the orthonormal Hermite polynomials h_k = He_k / sqrt(k!),
+    E[phi_hat(u) phi_hat(v)] = sum_k a_k^2 c^k for unit-variance u, v with correlation c, and
+    Q(1) = sum_k a_k^2 (this is why C is a positive definite function, TAT Appendix A.4). The
+    series is cut at ``terms``; its tail R = Q(1) - sum a_k^2 >= 0 is put on c^terms so C(1) = 1
+    exactly and |error| <= 2 R / Q(1) on [-1, 1]. ``tail`` reports that bound.
+    """
+
+    def __init__(self, act: Activation, input_scale: float = 1.0, input_shift: float = 0.0,
+                 output_scale: float = 1.0, output_shift: float = 0.0, terms: int = 96):
+        z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
+        f = output_scale * (act.fn(input_scale * z + input_shift) + output_shift)
+        second = float(w @ (f * f))
+        coef = np.empty(terms)
+        h_prev, h = np.zeros_like(z), np.ones_like(z)
+        for k in range(terms):
+            coef[k] = float(w @ (f * h))
+            h_prev, h = h, (z * h - np.sqrt(k) * h_prev) / np.sqrt(k + 1)
+        power = coef ** 2
+        rest = max(0.0, second - float(power.sum()))
+        self.coefficients = np.append(power, rest) / second
+        self.tail = 2.0 * rest / second
+
+    def __call__(self, c):
+        return np.polynomial.polynomial.polyval(np.clip(c, -1.0, 1.0), self.coefficients)

@@ -21,7 +21,7 @@ from . import deep_kernel_shaping, eoc, tat
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph
 from .initialization import layer_inits
-from .qc_maps import TabulatedCMap, leaky_relu_c_map, local_stats
+from .qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
 from .subnetworks import SubnetworkProgram, compile_subnetworks
 from .templates import expand_template
 
@@ -167,9 +167,8 @@ def solve_prepared(prep: Prepared) -> Solution:
 
     # eoc
     sol = eoc.solve_eoc(act, targets.get("q_star", 1.0))
-    phi = act.fn
     sw2, sb2, qs = sol.sigma_w2, sol.sigma_b2, sol.q_star
-    table = TabulatedCMap(phi, q=qs)
+    table = HermiteCMap(act, input_scale=float(np.sqrt(qs)))
     q_post = float(sw2 and (qs - sb2) / sw2)  # E[phi(sqrt(q*) z)^2]
 
     def combined(c, _slot):
@@ -181,7 +180,13 @@ def solve_prepared(prep: Prepared) -> Solution:
         v_curvature=sol.v_curvature,
         c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(),
                          local=combined(grid, 0).tolist()),
-        layers=layer_inits(graph, request.init, sw2, sb2), warnings=warnings)
+        layers=layer_inits(graph, request.init, sw2, sb2), warnings=warnings + _c_map_accuracy(table))
+
+
+def _c_map_accuracy(table: HermiteCMap) -> list[str]:
+    if table.tail <= 1e-4:
+        return []
+    return [f"the sampled c_map is accurate to about {table.tail:.1g} (Hermite series tail of a kinked activation)"]
 
 
 def _maximizer_note(program: SubnetworkProgram, x: float, r) -> list[str]:
@@ -193,7 +198,7 @@ def _smooth_solution(common, program, graph, request, act, tr, grid, warnings, c
     p = tr.params
     phi_hat = transformed(act, p["input_scale"], p["input_shift"], p["output_scale"], p["output_shift"])
     st = local_stats(phi_hat)
-    table = TabulatedCMap(phi_hat.fn)
+    table = HermiteCMap(act, **p)
     local = lambda c, _slot: table(c)  # noqa: E731
     curv = float(program.maximize(0.0, lambda y, _s: st.c_curv_1 + y))
     slope = float(program.maximize(1.0, lambda y, _s: st.c_slope_1 * y))
@@ -206,5 +211,5 @@ def _smooth_solution(common, program, graph, request, act, tr, grid, warnings, c
         root=RootInfo(starting_point=list(tr.starting_point), attempt=tr.attempt, rejected=tr.rejected),
         c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, local).tolist(), local=table(grid).tolist()),
         layers=layer_inits(graph, request.init),
-        warnings=warnings + (_maximizer_note(program, 0.0, lambda y, _s: st.c_curv_1 + y) if curvature
+        warnings=warnings + _c_map_accuracy(table) + (_maximizer_note(program, 0.0, lambda y, _s: st.c_curv_1 + y) if curvature
                              else _maximizer_note(program, 1.0, lambda y, _s: st.c_slope_1 * y)))
