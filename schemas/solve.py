@@ -78,6 +78,18 @@ class CMapSample(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
+class FixedPoint(BaseModel):
+    q: float
+    stable: bool
+
+
+class VMapSample(BaseModel):
+    """The variance map V(q) sampled on (0, 3 q*] (sparsity paper Figures 2 and 4)."""
+
+    q: list[float]
+    v: list[float]
+
+
 class GraphSummary(BaseModel):
     nodes: int
     depth: int = Field(description="nonlinear layers on the longest path")
@@ -123,6 +135,12 @@ class Solution(BaseModel):
     v_curvature: float | None = None
     chi_1: float | None = None
     q_star: float | None = None
+    sparsity: float | None = Field(default=None, description="expected fraction of zeros, recomputed from tau and q*")
+    fixed_points: list[FixedPoint] | None = Field(default=None, description="fixed points of V on (0, 50 q*]")
+    only_stable: bool | None = Field(default=None, description="q* is the only stable fixed point")
+    jacobian_spectrum_variance: dict[str, float] | None = Field(
+        default=None, description="predicted variance of the input-output Jacobian's JJ^T spectrum, L (sigma_w2 - 1 - s_1), for gaussian and orthogonal weights")
+    v_map: VMapSample | None = None
     root: RootInfo | None = None
     graph_summary: GraphSummary | None = None
     c_map: CMapSample | None = None

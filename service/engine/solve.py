@@ -16,8 +16,8 @@ import numpy as np
 from .. import ENGINE_VERSION
 from ..errors import SigpropError
 from ..schemas.graph import Template
-from ..schemas.solve import CMapSample, GraphSummary, RootInfo, Solution, SolveRequest
-from . import deep_kernel_shaping, eoc, tat
+from ..schemas.solve import CMapSample, FixedPoint, GraphSummary, RootInfo, Solution, SolveRequest, VMapSample
+from . import deep_kernel_shaping, eoc, sparse_eoc, tat
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph
 from .initialization import layer_inits
@@ -113,10 +113,12 @@ def solve_prepared(prep: Prepared) -> Solution:
     request, graph = prep.request, prep.graph
     targets = _check_targets(request)
     method = request.method
-    if method in ("sparse_eoc", "geometric"):
+    if method == "geometric":
         raise SigpropError("unsupported_method", f"method '{method}' is not available in this engine version yet",
-                           "use 'tat', 'dks' or 'eoc'")
+                           "use 'tat', 'dks', 'eoc' or 'sparse_eoc'")
     program = compile_subnetworks(graph)
+    if method == "sparse_eoc":
+        return _sparse_eoc_solution(prep, program, targets)
     act = _single_activation(graph, request)
     warnings = _warnings_for(graph, act)
     grid = _c_grid(request.c_map_points)
@@ -181,6 +183,49 @@ def solve_prepared(prep: Prepared) -> Solution:
         c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(),
                          local=combined(grid, 0).tolist()),
         layers=layer_inits(graph, request.init, sw2, sb2), warnings=warnings + _c_map_accuracy(table))
+
+
+def _sparse_eoc_solution(prep: Prepared, program: SubnetworkProgram, targets: dict) -> Solution:
+    """Sparse Edge of Chaos (sparsity paper sections 3-4, Appendices A, E, F)."""
+    request, graph = prep.request, prep.graph
+    fns = graph.activation_fns()
+    if len(fns) > 1 or (fns and fns[0] != request.activation):
+        raise SigpropError("invalid_request", f"the graph uses activation(s) {', '.join(fns)}, the request '{request.activation}'",
+                           "sparse_eoc solves one sparsifying activation: drop the per-node 'fn' attributes")
+    if request.activation not in sparse_eoc.SPARSE_KINDS:
+        raise SigpropError("unsupported_activation", f"sparse_eoc does not take '{request.activation}'",
+                           f"use one of {', '.join(sparse_eoc.SPARSE_KINDS)}")
+    if "sparsity" not in targets:
+        raise SigpropError("invalid_target", "sparse_eoc needs the target 'sparsity'",
+                           "add \"targets\": {\"sparsity\": 0.8, \"v_slope\": 0.7} (v_slope for crelu and cst)")
+    sol = sparse_eoc.solve_sparse_eoc(request.activation, targets["sparsity"], targets.get("v_slope"),
+                                      targets.get("q_star", 1.0))
+    params = {"tau": sol.tau} if sol.m is None else {"tau": sol.tau, "m": sol.m}
+    act = get_activation(request.activation, **params)
+    sw2, sb2, qs = sol.sigma_w2, sol.sigma_b2, sol.q_star
+    table = HermiteCMap(act, input_scale=float(np.sqrt(qs)), terms=160)
+    q_post = (qs - sb2) / sw2
+
+    def combined(c, _slot):
+        return (sw2 * q_post * table(c) + sb2) / qs
+
+    grid = _c_grid(request.c_map_points)
+    qs_grid = np.linspace(3 * qs / request.c_map_points, 3 * qs, request.c_map_points)
+    depth = graph.depth()
+    return Solution(
+        key=prep.key, engine_version=ENGINE_VERSION, method="sparse_eoc", activation=request.activation,
+        targets=targets, graph_summary=_summary(graph, program), tau=sol.tau, m=sol.m, sigma_w2=sw2, sigma_b2=sb2,
+        q_star=qs, sparsity=sparse_eoc.expected_sparsity(request.activation, sol.tau, qs),
+        v_slope=sol.v_slope, v_curvature=sol.v_curvature, chi_1=sol.chi_1,
+        fixed_points=[FixedPoint(q=q, stable=st) for q, st in sol.fixed_points], only_stable=sol.only_stable,
+        jacobian_spectrum_variance={
+            "gaussian": sparse_eoc.jacobian_spectrum_variance(sw2, depth, orthogonal=False),
+            "orthogonal": sparse_eoc.jacobian_spectrum_variance(sw2, depth, orthogonal=True)},
+        v_map=VMapSample(q=qs_grid.tolist(), v=np.asarray(sparse_eoc.variance_map(
+            request.activation, qs_grid, sol.tau, sol.m, sw2, sb2)).tolist()),
+        c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, 0).tolist()),
+        layers=layer_inits(graph, request.init, sw2, sb2),
+        warnings=_warnings_for(graph, act) + list(sol.warnings) + _c_map_accuracy(table))
 
 
 def _c_map_accuracy(table: HermiteCMap) -> list[str]:

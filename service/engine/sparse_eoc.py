@@ -400,7 +400,7 @@ def clip_for_v_slope(kind: str, s: float, v_slope: float, q_star: float = 1.0) -
     """The clip level m with V'(q*) = v_slope on the EOC at sparsity s (Section 3.1, Table 2).
 
     Brent's method on m in [1e-4, 12] sqrt(q*), where V'(q*) rises monotonically from about
-    tau / (2 sqrt q*) 1e-4 to 1. v_slope outside (0, 1), or an unclipped kind, is ``invalid_target``;
+    5e-5 tau / sqrt(q*) (3e-9 at tau = 0) to 1. v_slope outside (0, 1), or an unclipped kind, is ``invalid_target``;
     inside (0, 1) but beyond the bracket's range, ``unreachable_target`` with the range in the hint.
     """
     k = _kind(kind)
@@ -452,7 +452,7 @@ def fixed_points(kind: str, tau: float, m: float | None, sigma_w2: float, sigma_
     w, b = _sigmas(sigma_w2, sigma_b2)
     qs = _q_star(q_star)
     qmf = _number("q_max_factor", q_max_factor)
-    if qmf <= 1e-8:
+    if qmf <= 0:
         raise SigpropError("invalid_request", f"q_max_factor must be > 0, got {q_max_factor!r}",
                            "the search covers (0, q_max_factor q*]; the default is 50")
     c = _SIDES[k]
