@@ -59,6 +59,11 @@ class LayerInit(BaseModel):
     weight_variance: float = Field(description="per-entry variance of the weights, sigma_w2 / fan_in (effective fan-in for Delta)")
     bias: Literal["zeros", "gaussian", "none"]
     bias_variance: float = 0.0
+    # geometric (GR scaling paper): the layer output is multiplied by alpha; gamma is its
+    # predicted GR scaling (equation 1), equal across layers when the scaling is balanced
+    alpha: float | None = Field(default=None, description="conditioning multiplier on the layer output (GR paper section 5, Appendix E)")
+    weight_second_moment: float | None = Field(default=None, description="E[(alpha W)^2] = c / sqrt(fan_in fan_out) (GR equation 7; / k^2 for convs, Remark 6)")
+    gamma: float | None = Field(default=None, description="predicted GR scaling of the layer (GR Proposition 3, equation 1)")
 
 
 class RootInfo(BaseModel):
@@ -141,6 +146,9 @@ class Solution(BaseModel):
     jacobian_spectrum_variance: dict[str, float] | None = Field(
         default=None, description="predicted variance of the input-output Jacobian's JJ^T spectrum, L (sigma_w2 - 1 - s_1), for gaussian and orthogonal weights")
     v_map: VMapSample | None = None
+    input_second_moment: float | None = Field(default=None, description="geometric: recommended E[x0^2] of the network input (GR section 6.3)")
+    logits_scale: float | None = Field(default=None, description="geometric: multiplier on the network output (GR section 6.4)")
+    gamma_ratio: float | None = Field(default=None, description="geometric: max / min of the layers' gamma (1 = balanced)")
     root: RootInfo | None = None
     graph_summary: GraphSummary | None = None
     c_map: CMapSample | None = None

@@ -16,8 +16,9 @@ import numpy as np
 from .. import ENGINE_VERSION
 from ..errors import SigpropError
 from ..schemas.graph import Template
-from ..schemas.solve import CMapSample, FixedPoint, GraphSummary, RootInfo, Solution, SolveRequest, VMapSample
-from . import deep_kernel_shaping, eoc, sparse_eoc, tat
+from ..schemas.solve import (CMapSample, FixedPoint, GraphSummary, LayerInit, RootInfo, Solution, SolveRequest,
+                             VMapSample)
+from . import deep_kernel_shaping, eoc, geometric, sparse_eoc, tat
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph
 from .initialization import layer_inits
@@ -113,10 +114,9 @@ def solve_prepared(prep: Prepared) -> Solution:
     request, graph = prep.request, prep.graph
     targets = _check_targets(request)
     method = request.method
-    if method == "geometric":
-        raise SigpropError("unsupported_method", f"method '{method}' is not available in this engine version yet",
-                           "use 'tat', 'dks', 'eoc' or 'sparse_eoc'")
     program = compile_subnetworks(graph)
+    if method == "geometric":
+        return _geometric_solution(prep, program)
     if method == "sparse_eoc":
         return _sparse_eoc_solution(prep, program, targets)
     act = _single_activation(graph, request)
@@ -226,6 +226,27 @@ def _sparse_eoc_solution(prep: Prepared, program: SubnetworkProgram, targets: di
         c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, 0).tolist()),
         layers=layer_inits(graph, request.init, sw2, sb2),
         warnings=_warnings_for(graph, act) + list(sol.warnings) + _c_map_accuracy(table))
+
+
+def _geometric_solution(prep: Prepared, program: SubnetworkProgram) -> Solution:
+    """Geometric initialization and GR scaling (GR scaling paper, equations 1 and 7, Appendix E)."""
+    request, graph = prep.request, prep.graph
+    act = _single_activation(graph, request)
+    sol = geometric.solve_geometric(graph, act)
+    layers = []
+    for lay in sol.layers:
+        var = lay["init_second_moment"]
+        nd = graph.nodes[lay["node"]]
+        layers.append(LayerInit(
+            id=lay["id"], node=lay["node"], op=lay["op"], fan_in=lay["fan_in"], fan_out=lay["fan_out"],
+            kernel=lay["kernel"], distribution="gaussian", gain=float(np.sqrt(var)), weight_variance=var,
+            bias="zeros" if nd.attrs.get("bias", True) else "none", alpha=lay["alpha"],
+            weight_second_moment=lay["weight_second_moment"], gamma=lay["gamma"]))
+    return Solution(
+        key=prep.key, engine_version=ENGINE_VERSION, method="geometric", activation=request.activation,
+        targets={}, graph_summary=_summary(graph, program), input_second_moment=sol.input_second_moment,
+        logits_scale=sol.output_scale, gamma_ratio=sol.gamma_ratio, layers=layers,
+        warnings=list(graph.warnings) + list(sol.warnings))  # geometric words its own max_pool warning (Table 1)
 
 
 def _c_map_accuracy(table: HermiteCMap) -> list[str]:

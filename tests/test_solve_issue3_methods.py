@@ -1,4 +1,4 @@
-"""sparse_eoc through the whole engine and the CLI: the contract keys carry the solved values."""
+"""sparse_eoc and geometric through the whole engine and the CLI: the contract keys carry the solved values."""
 
 import json
 import math
@@ -67,3 +67,24 @@ def test_cli_prints_the_same_answer(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sigprop.cli", "solve", str(path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == solve(SolveRequest.model_validate(req)).to_json()
     assert round(json.loads(out.stdout)["m"], 2) == 0.81  # Table 2: CST s = 0.7, V' = 0.5 -> m = 0.81
+
+
+def test_geometric_answer_balances_gamma_and_lists_alpha():
+    ans = solve(SolveRequest.model_validate({"graph": {"template": "mlp", "depth": 3, "width": 384, "input_shape": [784]},
+                                             "method": "geometric", "activation": "relu"}))
+    assert ans.gamma_ratio == pytest.approx(1.0, abs=1e-9)
+    gammas = [layer.gamma for layer in ans.layers]
+    assert max(gammas) / min(gammas) == pytest.approx(1.0, abs=1e-9)
+    first = ans.layers[0]
+    # GR equation 7 with c = 2: E[W^2] = 2 / sqrt(fan_in fan_out)
+    assert first.weight_second_moment == pytest.approx(2 / math.sqrt(784 * 384), rel=1e-12)
+    assert first.distribution == "gaussian" and first.weight_variance == pytest.approx(first.gain ** 2, rel=1e-12)
+    assert ans.input_second_moment == pytest.approx(1 / math.sqrt(784), rel=1e-12)  # section 6.3, k0 = 1
+    assert ans.sigma_w2 is None and ans.negative_slope is None  # absent parameters are omitted
+
+
+def test_geometric_rejects_non_homogeneous_activations():
+    with pytest.raises(SigpropError) as err:
+        solve(SolveRequest.model_validate({"graph": {"template": "mlp", "depth": 3}, "method": "geometric",
+                                           "activation": "tanh"}))
+    assert err.value.code == "unsupported_activation"
