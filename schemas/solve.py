@@ -32,6 +32,20 @@ class Targets(BaseModel):
     q_star: FiniteFloat | None = Field(default=None, description="fixed point of the variance map, > 0 (default 1)")
 
 
+class TrainableOptions(BaseModel):
+    """Parameters the client should make trainable (trainable-TAT and scaled-residuals paper)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    negative_slope: bool = Field(default=False, description="TReLU with a trainable negative slope (section 2.1)")
+    residual_beta: Literal["none", "global", "per_layer"] = Field(
+        default="none", description="residual sums as x + beta / sqrt(L) F(x) with a trainable beta (section 2.2)")
+    beta: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = Field(
+        default=0.5, description="initial beta (the paper's best, 0.5)")
+    prune_fraction: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = Field(
+        default=0.1, description="blocks whose trained beta falls below this fraction of the largest can be replaced by the identity (effective depth)")
+
+
 class SolveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,6 +57,7 @@ class SolveRequest(BaseModel):
         default="orthogonal",
         description="weight distribution: scale-corrected uniform orthogonal (Orthogonal Delta for convs) or Gaussian fan-in")
     c_map_points: int = Field(default=33, ge=3, le=257, description="samples of the global C map on [-1, 1]")
+    trainable: TrainableOptions | None = None
 
 
 class LayerInit(BaseModel):
@@ -74,6 +89,20 @@ class RootInfo(BaseModel):
     rejected: int = Field(description="converged roots rejected as unstable (input_scale * output_scale >= 2)")
 
 
+class ResidualBeta(BaseModel):
+    mode: Literal["global", "per_layer"]
+    init: float
+    blocks: int = Field(description="L: residual sums in the graph")
+    scale: float = Field(description="beta / sqrt(L): the initial factor on each residual branch")
+    sums: list[str] = Field(description="ids of the sum nodes to rewrite as x + beta / sqrt(L) F(x)")
+    prune_fraction: float
+
+
+class TrainableAnswer(BaseModel):
+    negative_slope: bool = False
+    residual_beta: ResidualBeta | None = None
+
+
 class CMapSample(BaseModel):
     c: list[float]
     global_: list[float] = Field(alias="global")
@@ -93,6 +122,23 @@ class VMapSample(BaseModel):
 
     q: list[float]
     v: list[float]
+
+
+class JacobianSummary(BaseModel):
+    """Finite-width statistics of the per-layer Jacobian norm ||J^k||^2 for ReLU-family graphs
+    (per-layer Jacobian paper, Theorems 1-3, Lemma 2), at the first layer/block (k = 1)."""
+
+    kind: Literal["vanilla", "residual", "dense"]
+    depth: int = Field(description="layers (vanilla, dense) or residual blocks")
+    width: int
+    m: int = Field(description="layers per residual branch")
+    alpha: float = Field(description="weight-variance multiplier of the theorem (1 = He)")
+    mean: float = Field(description="E||J^k||^2")
+    var_upper: float = Field(description="upper bound of var||J^k||^2 (Theorem 1)")
+    var_exact: float | None = Field(default=None, description="exact var||J^k||^2 (vanilla networks)")
+    growth_law: str
+    recommended: dict[str, float] | None = Field(
+        default=None, description="residual: branch scale keeping L rho^(m/2) bounded for this depth and width; dense: alpha = 1")
 
 
 class GraphSummary(BaseModel):
@@ -146,6 +192,8 @@ class Solution(BaseModel):
     jacobian_spectrum_variance: dict[str, float] | None = Field(
         default=None, description="predicted variance of the input-output Jacobian's JJ^T spectrum, L (sigma_w2 - 1 - s_1), for gaussian and orthogonal weights")
     v_map: VMapSample | None = None
+    jacobian: JacobianSummary | None = None
+    trainable: TrainableAnswer | None = None
     input_second_moment: float | None = Field(default=None, description="geometric: recommended E[x0^2] of the network input (GR section 6.3)")
     logits_scale: float | None = Field(default=None, description="geometric: multiplier on the network output (GR section 6.4)")
     gamma_ratio: float | None = Field(default=None, description="geometric: max / min of the layers' gamma (1 = balanced)")

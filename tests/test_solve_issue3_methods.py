@@ -88,3 +88,23 @@ def test_geometric_rejects_non_homogeneous_activations():
         solve(SolveRequest.model_validate({"graph": {"template": "mlp", "depth": 3}, "method": "geometric",
                                            "activation": "tanh"}))
     assert err.value.code == "unsupported_activation"
+
+
+def test_trainable_options_are_marked_in_the_answer_and_the_key():
+    base = {"graph": {"template": "resnet", "depth": 18, "shortcut_weight": 0.8}, "method": "tat",
+            "activation": "leaky_relu", "targets": {"eta": 0.7}}
+    plain = solve(SolveRequest.model_validate(base))
+    marked = solve(SolveRequest.model_validate({**base, "trainable": {"negative_slope": True, "residual_beta": "per_layer"}}))
+    assert plain.trainable is None and marked.key != plain.key
+    assert marked.negative_slope == plain.negative_slope  # the solve itself is unchanged
+    assert marked.trainable.negative_slope is True
+    beta = marked.trainable.residual_beta
+    assert beta.mode == "per_layer" and beta.blocks == 8 and len(beta.sums) == 8  # ResNet-18: 8 blocks
+    assert beta.scale == pytest.approx(0.5 / math.sqrt(8), rel=1e-12)  # x + beta / sqrt(L) F(x), beta = 0.5
+
+
+def test_trainable_beta_without_residual_sums_warns():
+    ans = solve(SolveRequest.model_validate({"graph": {"template": "mlp", "depth": 20}, "method": "tat",
+                                             "activation": "leaky_relu", "targets": {"eta": 0.5},
+                                             "trainable": {"residual_beta": "global"}}))
+    assert ans.trainable.residual_beta is None and any("no" in w and "residual" in w for w in ans.warnings)

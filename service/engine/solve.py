@@ -16,9 +16,9 @@ import numpy as np
 from .. import ENGINE_VERSION
 from ..errors import SigpropError
 from ..schemas.graph import Template
-from ..schemas.solve import (CMapSample, FixedPoint, GraphSummary, LayerInit, RootInfo, Solution, SolveRequest,
-                             VMapSample)
-from . import deep_kernel_shaping, eoc, geometric, sparse_eoc, tat
+from ..schemas.solve import (CMapSample, FixedPoint, GraphSummary, JacobianSummary, LayerInit, ResidualBeta, RootInfo,
+                             Solution, SolveRequest, TrainableAnswer, VMapSample)
+from . import deep_kernel_shaping, eoc, geometric, jacobian, sparse_eoc, tat
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph
 from .initialization import layer_inits
@@ -53,6 +53,8 @@ def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
         "init": request.init,
         "c_map_points": request.c_map_points,
     }
+    if request.trainable is not None:
+        payload["trainable"] = request.trainable.model_dump()
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -111,6 +113,35 @@ def _smooth_warnings(act: Activation) -> list[str]:
 
 
 def solve_prepared(prep: Prepared) -> Solution:
+    answer = _solve_method(prep)
+    if prep.request.trainable is not None:
+        answer.trainable, notes = _trainable(prep, answer)
+        answer.warnings.extend(notes)
+    return answer
+
+
+def _trainable(prep: Prepared, answer: Solution) -> tuple[TrainableAnswer, list[str]]:
+    """Mark the TReLU slope and residual betas trainable (trainable-TAT paper, sections 2.1-2.2)."""
+    opts, graph = prep.request.trainable, prep.graph
+    notes = []
+    slope = opts.negative_slope and answer.negative_slope is not None
+    if opts.negative_slope and not slope:
+        notes.append("trainable negative_slope applies to TAT with leaky_relu only; ignored")
+    beta = None
+    if opts.residual_beta != "none":
+        sums = [nd.user_id for nd in graph.nodes if nd.kind == SUM and len(nd.inputs) == 2]
+        if not sums:
+            notes.append("trainable residual beta needs residual sums in the graph; there are none")
+        else:
+            scale = opts.beta / np.sqrt(len(sums))
+            beta = ResidualBeta(mode=opts.residual_beta, init=opts.beta, blocks=len(sums), scale=float(scale), sums=sums,
+                                prune_fraction=opts.prune_fraction)
+            notes.append("with residual beta the sums become x + beta / sqrt(L) F(x): un-normalized, so the "
+                         "solved kernel maps describe the network only up to that rescaling")
+    return TrainableAnswer(negative_slope=slope, residual_beta=beta), notes
+
+
+def _solve_method(prep: Prepared) -> Solution:
     request, graph = prep.request, prep.graph
     targets = _check_targets(request)
     method = request.method
@@ -144,6 +175,7 @@ def solve_prepared(prep: Prepared) -> Solution:
             q_1=st.q_1, q_slope_1=st.q_slope_1, local_c_0=st.c_0, local_c_slope_1=st.c_slope_1, chi_1=st.c_slope_1,
             c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, local).tolist(),
                              local=local(grid, 0).tolist(), untransformed=program.global_map(grid, relu).tolist()),
+            jacobian=_jacobian_summary(graph, act),
             layers=layer_inits(graph, request.init), warnings=warnings + _maximizer_note(program, 0.0, local))
 
     if method in ("tat", "dks") and not act.smooth:
@@ -179,7 +211,7 @@ def solve_prepared(prep: Prepared) -> Solution:
 
     return Solution(
         **common, sigma_w2=sw2, sigma_b2=sb2, q_star=qs, chi_1=sol.chi_1, v_slope=sol.v_slope,
-        v_curvature=sol.v_curvature,
+        v_curvature=sol.v_curvature, jacobian=_jacobian_summary(graph, act),
         c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(),
                          local=combined(grid, 0).tolist()),
         layers=layer_inits(graph, request.init, sw2, sb2), warnings=warnings + _c_map_accuracy(table))
@@ -245,8 +277,30 @@ def _geometric_solution(prep: Prepared, program: SubnetworkProgram) -> Solution:
     return Solution(
         key=prep.key, engine_version=ENGINE_VERSION, method="geometric", activation=request.activation,
         targets={}, graph_summary=_summary(graph, program), input_second_moment=sol.input_second_moment,
-        logits_scale=sol.output_scale, gamma_ratio=sol.gamma_ratio, layers=layers,
+        logits_scale=sol.output_scale, gamma_ratio=sol.gamma_ratio, layers=layers, jacobian=_jacobian_summary(graph, act),
         warnings=list(graph.warnings) + list(sol.warnings))  # geometric words its own max_pool warning (Table 1)
+
+
+def _jacobian_summary(graph: NetworkGraph, act: Activation) -> JacobianSummary | None:
+    """The finite-width Jacobian statistics, for ReLU-family graphs whose structure the theorems cover."""
+    if act.name not in ("relu", "leaky_relu"):
+        return None
+    try:
+        st = jacobian.detect_structure(graph)
+        if st is None:
+            return None
+        stats = jacobian.jacobian_stats(st.kind, st.depth, st.width, st.m, st.alpha)
+        rec = None
+        if st.kind == "residual":
+            r = jacobian.residual_branch_scale(st.depth, st.width, st.m)
+            rec = {k: r[k] for k in ("branch_scale", "shortcut_weight", "branch_weight", "alpha")}
+        elif st.kind == "dense":
+            rec = {"alpha": 1.0}
+    except SigpropError:
+        return None  # supplementary information: a graph outside the theorems' assumptions gets none
+    return JacobianSummary(kind=st.kind, depth=st.depth, width=st.width, m=stats.m, alpha=st.alpha, mean=stats.mean,
+                           var_upper=stats.var_upper, var_exact=stats.var_exact, growth_law=stats.growth_law,
+                           recommended=rec)
 
 
 def _c_map_accuracy(table: HermiteCMap) -> list[str]:
