@@ -51,7 +51,7 @@ def solve_dks(program: SubnetworkProgram, act: Activation, zeta: float) -> DKSSo
         for smaller in (1.0 + (zeta - 1.0) / 2, 1.0 + (zeta - 1.0) / 10):
             try:
                 solve_transform(act, c_slope_1=local_slope_target(program, smaller), q_slope_1=1.0, c_0=0.0,
-                                num_tries=6, time_budget_s=0.2)
+                                num_tries=6, eval_budget=400)
             except SigpropError:
                 continue
             err.hint = f"zeta = {smaller:.6g} is reachable for '{act.name}' on this graph; ask for at most that"

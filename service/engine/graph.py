@@ -201,31 +201,29 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
             if by_id[src].op == "output":
                 raise _invalid(f"node '{nd.id}' reads from the output node '{src}'", "the output node must be last")
 
-    # Iterative post-order DFS from the output, following inputs in order; grey nodes on the
-    # stack reveal cycles.
+    topo = _topological_order(graph.nodes, by_id)
+    ordered = _canonical_input_order(topo, by_id, default_activation)
+
+    # Iterative post-order DFS from the output, following inputs in canonical order (sum inputs
+    # sorted by the structure of what feeds them, so listing a sum's branches in another order
+    # is the same graph).
     order: list[str] = []
-    state: dict[str, int] = {}  # 1 = on stack, 2 = done
+    seen: set[str] = {outputs[0]}
     stack: list[tuple[str, int]] = [(outputs[0], 0)]
-    state[outputs[0]] = 1
     while stack:
         nid, pos = stack[-1]
-        ins = by_id[nid].inputs
+        ins = ordered[nid][0]
         if pos < len(ins):
             stack[-1] = (nid, pos + 1)
             nxt = ins[pos]
-            st = state.get(nxt)
-            if st == 1:
-                raise _invalid(f"the graph has a cycle through '{nxt}'", "the graph must be acyclic: remove the edge that loops back")
-            if st is None:
-                state[nxt] = 1
+            if nxt not in seen:
+                seen.add(nxt)
                 stack.append((nxt, 0))
         else:
             stack.pop()
-            state[nid] = 2
             order.append(nid)
-
     warnings = []
-    dropped = [nd.id for nd in graph.nodes if nd.id not in state]
+    dropped = [nd.id for nd in graph.nodes if nd.id not in seen]
     if dropped:
         warnings.append(f"{len(dropped)} node(s) do not reach the output and were ignored: {', '.join(dropped[:10])}")
 
@@ -233,7 +231,9 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
     nodes: list[Node] = []
     for i, nid in enumerate(order):
         nd = by_id[nid]
-        ins = tuple(index[x] for x in nd.inputs)
+        ins = tuple(index[x] for x in ordered[nid][0])
+        if nd.op == "sum":
+            nd = nd.model_copy(update={"weights": ordered[nid][1]})
         shape, attrs = _infer(nd, [nodes[j].shape for j in ins])
         if nd.op == "activation":
             fn = nd.fn or default_activation
@@ -243,4 +243,76 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
         nodes.append(Node(i, nid, nd.op, _KIND[nd.op], ins, attrs, shape))
     if not any(nd.kind == SOURCE for nd in nodes):
         raise _invalid("no input node reaches the output", "add an 'input' node feeding the network")
+    warnings.extend(_correlated_sum_warnings(nodes))
     return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=warnings)
+
+
+def _topological_order(wire_nodes, by_id) -> list[str]:
+    """Kahn's algorithm over every node (dead branches too): a cycle anywhere is an invalid graph."""
+    indegree = {nd.id: len(nd.inputs) for nd in wire_nodes}
+    users: dict[str, list[str]] = {nd.id: [] for nd in wire_nodes}
+    for nd in wire_nodes:
+        for src in nd.inputs:
+            users[src].append(nd.id)
+    ready = [nd.id for nd in wire_nodes if indegree[nd.id] == 0]
+    order = []
+    while ready:
+        nid = ready.pop()
+        order.append(nid)
+        for u in users[nid]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                ready.append(u)
+    if len(order) != len(wire_nodes):
+        stuck = sorted(nid for nid, d in indegree.items() if d > 0)
+        raise _invalid(f"the graph has a cycle through '{stuck[0]}'" + (f" (nodes on or after it: {', '.join(stuck[:6])})" if len(stuck) > 1 else ""),
+                       "the graph must be acyclic: remove the edge that loops back")
+    return order
+
+
+def _canonical_input_order(topo: list[str], by_id, default_activation) -> dict[str, tuple[list[str], list[float] | None]]:
+    """Each node's inputs in canonical order, with a sum's weights permuted alongside.
+
+    A structural hash of every node (its op, attributes and its inputs' hashes) orders a sum's
+    (input, weight) pairs; concat keeps its order, which fixes the channel layout.
+    """
+    digest: dict[str, str] = {}
+    ordered: dict[str, tuple[list[str], list[float] | None]] = {}
+    for nid in topo:
+        nd = by_id[nid]
+        attrs = nd.model_dump(exclude={"id", "inputs", "weights"})
+        if nd.op == "activation":
+            attrs["fn"] = nd.fn or default_activation
+        ins, weights = list(nd.inputs), None
+        if nd.op == "sum":
+            n = len(ins)
+            w = list(nd.weights) if nd.weights is not None and len(nd.weights) == n else [1.0 / math.sqrt(n)] * n
+            pairs = sorted(zip(ins, w), key=lambda p: (digest[p[0]], p[1]))
+            ins, weights = [p[0] for p in pairs], [p[1] for p in pairs]
+            if nd.weights is not None and len(nd.weights) != n:
+                weights = list(nd.weights)  # wrong length: _infer reports it
+        ordered[nid] = (ins, weights)
+        key = json.dumps([attrs, [digest[i] for i in ins], weights], sort_keys=True, default=str)
+        digest[nid] = hashlib.sha256(key.encode()).hexdigest()
+    return ordered
+
+
+def _correlated_sum_warnings(nodes: list[Node]) -> list[str]:
+    """The normalized-sum rule q = sum w_i^2 q_i (TAT section 2.3) holds when the summed branches
+    are uncorrelated, which a weighted layer with fresh zero-mean weights on all but one branch
+    guarantees. Say so where a sum adds two branches that no such layer separates."""
+    out = []
+    for nd in nodes:
+        if nd.kind != SUM:
+            continue
+        plain = []
+        for i in nd.inputs:
+            j = i
+            while nodes[j].kind == PASS and nodes[j].inputs:
+                j = nodes[j].inputs[0]
+            if nodes[j].kind != AFFINE:
+                plain.append(i)
+        if len(set(nd.inputs)) < len(nd.inputs) or len(plain) > 1:
+            out.append(f"sum node '{nd.user_id}' adds branches not separated by a weighted layer (or the same input "
+                       "twice): they are correlated, so the normalized-sum rule and the solved maps are approximate there")
+    return out

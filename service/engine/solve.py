@@ -303,6 +303,20 @@ def _jacobian_summary(graph: NetworkGraph, act: Activation) -> JacobianSummary |
                            recommended=rec)
 
 
+def max_slope_and_curvature(program: SubnetworkProgram, local_slope: float, local_curv: float) -> np.ndarray:
+    """(max_g C'_g(1), max_g C''_g(1)) over subnetworks g, for any local C'(1) and C''(1).
+
+    The pair (C'(1), C''(1)) of a composition follows the chain rule at the fixed point 1:
+    (s y1, C''(1) y1^2 + s y2) for a layer after a subnetwork with (y1, y2); normalized sums and
+    concatenations average both linearly. With C'(1) = 1 (TAT) the second component is the B.4
+    recipe; DKS needs the general form because its layers have C'(1) = zeta^(1/L) != 1.
+    """
+    def layer(y, _slot):
+        return np.array([local_slope * y[0], local_curv * y[0] ** 2 + local_slope * y[1]])
+
+    return program.maximize(np.array([1.0, 0.0]), layer)
+
+
 def _c_map_accuracy(table: HermiteCMap) -> list[str]:
     if table.tail <= 1e-4:
         return []
@@ -320,8 +334,7 @@ def _smooth_solution(common, program, graph, request, act, tr, grid, warnings, c
     st = local_stats(phi_hat)
     table = HermiteCMap(act, **p)
     local = lambda c, _slot: table(c)  # noqa: E731
-    curv = float(program.maximize(0.0, lambda y, _s: st.c_curv_1 + y))
-    slope = float(program.maximize(1.0, lambda y, _s: st.c_slope_1 * y))
+    slope, curv = (float(v) for v in max_slope_and_curvature(program, st.c_slope_1, st.c_curv_1))
     return Solution(
         **common, input_scale=p["input_scale"], input_shift=p["input_shift"], output_scale=p["output_scale"],
         output_shift=p["output_shift"], sigma_w2=1.0, sigma_b2=0.0,

@@ -77,7 +77,7 @@ def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) ->
         # Say what is reachable: the largest of a few smaller targets that solves quickly.
         for factor in (0.5, 0.1, 0.01):
             try:
-                solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local * factor, num_tries=6, time_budget_s=0.2)
+                solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local * factor, num_tries=6, eval_budget=400)
             except SigpropError:
                 continue
             err.hint = (f"tau = {tau * factor:.6g} is reachable for '{act.name}' on this graph "
