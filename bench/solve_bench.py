@@ -23,7 +23,6 @@ Both tables go to stdout and, as markdown, to bench/results/solve_bench.md (git-
 from __future__ import annotations
 
 import argparse
-import ast
 import cProfile
 import io
 import os
@@ -33,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import sigprop  # noqa: E402
 from sigprop.engine.solve import prepare, solve_prepared  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from tests.dks_reference import load_modified_resnet, mlp_subnet_max_func  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402
 
@@ -62,36 +63,11 @@ PARAMS_LRELU = ("negative_slope", "output_scale")
 
 # ---------------------------------------------------------------- reference subnet_max_funcs
 
-def load_resnet_subnet_max_func():
-    """``subnet_max_func`` of dks/examples/haiku/modified_resnet.py, without importing haiku."""
-    if dks_at is None:
-        return None
-    path = Path(dks.__file__).parent / "examples" / "haiku" / "modified_resnet.py"
-    if not path.is_file():
-        return None
-    tree = ast.parse(path.read_text())
-    configs = func = None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "ModifiedResNet":
-            for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", None) == "CONFIGS":
-                    configs = ast.literal_eval(stmt.value)
-        if isinstance(node, ast.FunctionDef) and node.name == "subnet_max_func":
-            func = node
-    ns = {"ModifiedResNet": types.SimpleNamespace(CONFIGS=configs)}
-    exec(compile(ast.Module(body=[func], type_ignores=[]), str(path), "exec"), ns)
-    return ns["subnet_max_func"]
+_REF = load_modified_resnet() if dks_at is not None else None
+RESNET_SMF = _REF[1] if _REF else None
 
 
-RESNET_SMF = load_resnet_subnet_max_func()
-
-
-def mlp_smf(depth):
-    def smf(x, r_fn):
-        for _ in range(depth):
-            x = r_fn(x)
-        return x
-    return smf
+mlp_smf = mlp_subnet_max_func
 
 
 def resnet_smf(depth, w):

@@ -24,13 +24,9 @@ dks results are cached per module (``functools.cache``): each distinct reference
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib.util
 import math
-import types
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,6 +39,8 @@ import scipy.special as sp_special  # noqa: E402
 
 from sigprop.engine.solve import solve  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402
+
+from .dks_reference import load_modified_resnet, mlp_subnet_max_func  # noqa: E402
 
 # sigprop activation name -> dks activation name
 DKS_NAME = {"softplus": "softplus", "tanh": "tanh", "gelu": "gelu_exact", "swish": "swish"}
@@ -73,29 +71,8 @@ PARAMS = ("input_scale", "input_shift", "output_scale", "output_shift")
 
 # ---------------------------------------------------------------- reference subnet_max_funcs
 
-def _load_resnet_subnet_max_func():
-    """``subnet_max_func`` of dks/examples/haiku/modified_resnet.py, without importing haiku."""
-    spec = importlib.util.find_spec("dks")
-    path = Path(spec.origin).parent / "examples" / "haiku" / "modified_resnet.py" if spec and spec.origin else None
-    if path is None or not path.is_file():
-        return None
-    tree = ast.parse(path.read_text())
-    configs = func = None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "ModifiedResNet":
-            for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", None) == "CONFIGS":
-                    configs = ast.literal_eval(stmt.value)
-        if isinstance(node, ast.FunctionDef) and node.name == "subnet_max_func":
-            func = node
-    if configs is None or func is None:
-        return None
-    ns = {"ModifiedResNet": types.SimpleNamespace(CONFIGS=configs)}
-    exec(compile(ast.Module(body=[func], type_ignores=[]), str(path), "exec"), ns)
-    return ns["subnet_max_func"]
-
-
-_RESNET_SMF = _load_resnet_subnet_max_func()
+_REF = load_modified_resnet()
+_RESNET_SMF = _REF[1] if _REF else None
 
 
 def subnet_max_func(arch: tuple):
@@ -103,11 +80,7 @@ def subnet_max_func(arch: tuple):
     if arch[0] == "mlp":
         depth = arch[1]
 
-        def mlp_smf(x, r_fn):
-            for _ in range(depth):
-                x = r_fn(x)
-            return x
-        return mlp_smf
+        return mlp_subnet_max_func(depth)
     if _RESNET_SMF is None:
         pytest.skip("dks examples/haiku/modified_resnet.py not found")
     _, depth, w = arch

@@ -3,13 +3,9 @@ cross-check against DeepMind's dks reference (examples/haiku/modified_resnet.py)
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import json
 import math
-import types
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +13,8 @@ from sigprop.engine.templates import (RESNET_CONFIGS, TEMPLATE_NAMES, describe_t
                                       expand_template)
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
+
+from .dks_reference import load_modified_resnet
 
 
 def expand(**kw) -> Graph:
@@ -218,29 +216,10 @@ def test_resnet_shortcut_weight_one():
 # ---------------------------------------------------------------- cross-check with dks
 
 def _load_reference():
-    """CONFIGS and subnet_max_func of dks/examples/haiku/modified_resnet.py, without importing
-    haiku/jax (the file imports them at the top): both are pure Python, taken from its AST."""
-    candidates = []
-    spec = importlib.util.find_spec("dks")
-    if spec is not None and spec.origin:
-        candidates.append(Path(spec.origin).parent / "examples" / "haiku" / "modified_resnet.py")
-    candidates.append(Path("/tmp/dksx/dks/examples/haiku/modified_resnet.py"))
-    path = next((p for p in candidates if p.is_file()), None)
-    if path is None:
+    ref = load_modified_resnet()
+    if ref is None:
         pytest.skip("dks reference (examples/haiku/modified_resnet.py) not installed")
-    tree = ast.parse(path.read_text())
-    configs = func = None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "ModifiedResNet":
-            for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and stmt.targets[0].id == "CONFIGS":
-                    configs = ast.literal_eval(stmt.value)
-        if isinstance(node, ast.FunctionDef) and node.name == "subnet_max_func":
-            func = node
-    assert configs is not None and func is not None
-    ns = {"ModifiedResNet": types.SimpleNamespace(CONFIGS=configs)}
-    exec(compile(ast.Module(body=[func], type_ignores=[]), str(path), "exec"), ns)
-    return configs, ns["subnet_max_func"]
+    return ref
 
 
 def relu_cmap(c: float) -> float:

@@ -41,7 +41,6 @@ from typing import Callable
 
 import numpy as np
 from scipy.special import erf as _sp_erf
-from scipy.special import expit as _expit
 from scipy.special import ndtr as _ndtr
 
 from sigprop.errors import SigpropError

@@ -296,8 +296,10 @@ def _jacobian_summary(graph: NetworkGraph, act: Activation) -> JacobianSummary |
             rec = {k: r[k] for k in ("branch_scale", "shortcut_weight", "branch_weight", "alpha")}
         elif st.kind == "dense":
             rec = {"alpha": 1.0}
-    except SigpropError:
-        return None  # supplementary information: a graph outside the theorems' assumptions gets none
+    except (SigpropError, ArithmeticError):
+        # supplementary information: a graph outside the theorems' assumptions, or so deep that
+        # the predicted moments overflow a float, gets none
+        return None
     return JacobianSummary(kind=st.kind, depth=st.depth, width=st.width, m=stats.m, alpha=st.alpha, mean=stats.mean,
                            var_upper=stats.var_upper, var_exact=stats.var_exact, growth_law=stats.growth_law,
                            recommended=rec)
