@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import SigpropError
 from ..schemas.graph import Graph
@@ -66,6 +66,12 @@ class NetworkGraph:
     def digest(self) -> str:
         payload = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
+
+    def anonymized(self) -> "NetworkGraph":
+        """The same graph with ids replaced by canonical placeholders ``#<index>`` ('#' is not
+        allowed in ids) and no request-specific warnings: what answers are computed and cached
+        on, so a cached answer can be relabelled for any request with the same key."""
+        return NetworkGraph([replace(nd, user_id=f"#{nd.index}") for nd in self.nodes], self.output, [])
 
     def consumers(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.nodes]
@@ -243,7 +249,6 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
         nodes.append(Node(i, nid, nd.op, _KIND[nd.op], ins, attrs, shape))
     if not any(nd.kind == SOURCE for nd in nodes):
         raise _invalid("no input node reaches the output", "add an 'input' node feeding the network")
-    warnings.extend(_correlated_sum_warnings(nodes))
     return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=warnings)
 
 
@@ -297,7 +302,7 @@ def _canonical_input_order(topo: list[str], by_id, default_activation) -> dict[s
     return ordered
 
 
-def _correlated_sum_warnings(nodes: list[Node]) -> list[str]:
+def correlated_sum_warnings(nodes: list[Node]) -> list[str]:
     """The normalized-sum rule q = sum w_i^2 q_i (TAT section 2.3) holds when the summed branches
     are uncorrelated, which a weighted layer with fresh zero-mean weights on all but one branch
     guarantees. Say so where a sum adds two branches that no such layer separates."""

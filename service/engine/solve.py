@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from ..schemas.solve import (CMapSample, FixedPoint, GraphSummary, JacobianSumma
                              Solution, SolveRequest, TrainableAnswer, VMapSample)
 from . import deep_kernel_shaping, eoc, geometric, jacobian, sparse_eoc, tat
 from .activations import Activation, get_activation, transformed
-from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph
+from .graph import ACT, CONCAT, SUM, NetworkGraph, build_graph, correlated_sum_warnings
 from .initialization import layer_inits
 from .qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
 from .subnetworks import SubnetworkProgram, compile_subnetworks
@@ -97,7 +98,7 @@ def _c_grid(points: int) -> np.ndarray:
 
 
 def _warnings_for(graph: NetworkGraph, act: Activation) -> list[str]:
-    out = list(graph.warnings)
+    out = list(graph.warnings) + correlated_sum_warnings(graph.nodes)
     pools = [nd.user_id for nd in graph.nodes if nd.op == "max_pool"]
     if pools:
         out.append(f"max_pool is not covered by the Q/C map theory and is treated as the identity ({', '.join(pools[:5])})")
@@ -113,9 +114,42 @@ def _smooth_warnings(act: Activation) -> list[str]:
 
 
 def solve_prepared(prep: Prepared) -> Solution:
-    answer = _solve_method(prep)
+    """The answer for this request: the canonical answer relabelled with the request's ids."""
+    return personalize(solve_canonical(prep), prep.graph)
+
+
+_PLACEHOLDER = re.compile(r"#(\d+)")
+
+
+def personalize(canonical: Solution, graph: NetworkGraph) -> Solution:
+    """Put a request's own node ids (and its graph's warnings) into a canonical answer.
+
+    Answers are computed on ``NetworkGraph.anonymized()``, so every node they name is a
+    ``#<canonical index>`` placeholder; equal keys mean equal canonical graphs, so the mapping
+    is exact for any request with the same key (this is what lets the cache serve renamed graphs).
+    """
+    ids = [nd.user_id for nd in graph.nodes]
+
+    def relabel(value):
+        if isinstance(value, str):
+            return _PLACEHOLDER.sub(lambda m: ids[int(m.group(1))], value) if "#" in value else value
+        if isinstance(value, list):
+            return [relabel(v) for v in value]
+        if isinstance(value, dict):
+            return {k: relabel(v) for k, v in value.items()}
+        return value
+
+    data = relabel(canonical.model_dump(by_alias=True, exclude_none=True))
+    data["warnings"] = list(graph.warnings) + data["warnings"]
+    return Solution.model_validate(data)
+
+
+def solve_canonical(prep: Prepared) -> Solution:
+    """The answer on the anonymized graph: what the cache stores under ``prep.key``."""
+    anonymous = Prepared(prep.request, prep.graph.anonymized(), prep.key)
+    answer = _solve_method(anonymous)
     if prep.request.trainable is not None:
-        answer.trainable, notes = _trainable(prep, answer)
+        answer.trainable, notes = _trainable(anonymous, answer)
         answer.warnings.extend(notes)
     return answer
 
@@ -278,7 +312,8 @@ def _geometric_solution(prep: Prepared, program: SubnetworkProgram) -> Solution:
         key=prep.key, engine_version=ENGINE_VERSION, method="geometric", activation=request.activation,
         targets={}, graph_summary=_summary(graph, program), input_second_moment=sol.input_second_moment,
         logits_scale=sol.output_scale, gamma_ratio=sol.gamma_ratio, layers=layers, jacobian=_jacobian_summary(graph, act),
-        warnings=list(graph.warnings) + list(sol.warnings))  # geometric words its own max_pool warning (Table 1)
+        # geometric words its own max_pool warning (Table 1)
+        warnings=list(graph.warnings) + correlated_sum_warnings(graph.nodes) + list(sol.warnings))
 
 
 def _jacobian_summary(graph: NetworkGraph, act: Activation) -> JacobianSummary | None:
