@@ -36,6 +36,22 @@ def cmd_solve(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """The HTTP service (uvicorn); settings come from SIGPROP_* environment variables."""
+    import os
+    import tempfile
+
+    import uvicorn
+
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Each worker is a process: point prometheus_client at a shared folder so /metrics
+        # reports all of them, whichever worker answers.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sigprop-metrics-")
+    uvicorn.run("sigprop.api.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
+                log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+    return 0
+
+
 def cmd_schema(args) -> int:
     """Print the JSON Schema of the graph, the solve request or the answer."""
     from .schemas import Graph, Solution, SolveRequest
@@ -53,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("solve", help="solve a request offline and print the answer JSON")
     p.add_argument("request", help="path to a request JSON file, or - for stdin")
     p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("serve", help="run the HTTP service (POST /v1/solve and friends)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=1)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("schema", help="print a JSON Schema (graph, request or solution)")
     p.add_argument("which", choices=["graph", "request", "solution"])

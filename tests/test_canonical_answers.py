@@ -32,12 +32,12 @@ def test_same_key_same_canonical_answer_own_ids():
     assert "zqa_" not in ca.to_json() and "#" in " ".join(ca.warnings)
 
     for prep, p in ((a, "zqa_"), (b, "zqb_")):
-        ans = personalize(ca, prep.graph)  # b is served a's cached answer
+        ans = personalize(ca, prep.ids, prep.graph.warnings)  # b is served a's cached answer
         assert [layer.id for layer in ans.layers] == [f"{p}c1", f"{p}c2"]
         text = " ".join(ans.warnings)
         assert f"{p}mp" in text and f"'{p}s'" in text and "#" not in text
         other = "zqb_" if p == "zqa_" else "zqa_"
         assert other not in ans.to_json()
         assert ans.to_json() == solve(_request(p, dead=(p == "zqb_"))).to_json()
-    assert any("unused" in w for w in personalize(ca, b.graph).warnings)
-    assert not any("unused" in w for w in personalize(ca, a.graph).warnings)
+    assert any("unused" in w for w in personalize(ca, b.ids, b.graph.warnings).warnings)
+    assert not any("unused" in w for w in personalize(ca, a.ids, a.graph.warnings).warnings)

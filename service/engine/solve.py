@@ -42,6 +42,11 @@ class Prepared:
     graph: NetworkGraph
     key: str
 
+    @property
+    def ids(self) -> list[str]:
+        """The request's node ids by canonical index."""
+        return [nd.user_id for nd in self.graph.nodes]
+
 
 def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
     """Hex digest of the canonical request: equal for reordered or renamed graphs (contract 2)."""
@@ -115,21 +120,19 @@ def _smooth_warnings(act: Activation) -> list[str]:
 
 def solve_prepared(prep: Prepared) -> Solution:
     """The answer for this request: the canonical answer relabelled with the request's ids."""
-    return personalize(solve_canonical(prep), prep.graph)
+    return personalize(solve_canonical(prep), prep.ids, prep.graph.warnings)
 
 
 _PLACEHOLDER = re.compile(r"#(\d+)")
 
 
-def personalize(canonical: Solution, graph: NetworkGraph) -> Solution:
+def personalize(canonical: Solution, ids, graph_warnings=()) -> Solution:
     """Put a request's own node ids (and its graph's warnings) into a canonical answer.
 
     Answers are computed on ``NetworkGraph.anonymized()``, so every node they name is a
     ``#<canonical index>`` placeholder; equal keys mean equal canonical graphs, so the mapping
     is exact for any request with the same key (this is what lets the cache serve renamed graphs).
     """
-    ids = [nd.user_id for nd in graph.nodes]
-
     def relabel(value):
         if isinstance(value, str):
             return _PLACEHOLDER.sub(lambda m: ids[int(m.group(1))], value) if "#" in value else value
@@ -140,7 +143,7 @@ def personalize(canonical: Solution, graph: NetworkGraph) -> Solution:
         return value
 
     data = relabel(canonical.model_dump(by_alias=True, exclude_none=True))
-    data["warnings"] = list(graph.warnings) + data["warnings"]
+    data["warnings"] = list(graph_warnings) + data["warnings"]
     return Solution.model_validate(data)
 
 

@@ -1,0 +1,158 @@
+"""The FastAPI application: routers, error handlers, middleware (contract sections 2-3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import ENGINE_VERSION, __version__
+from ..cache import make_cache
+from ..engine.solve import solve
+from ..engine.templates import describe_templates, expand_template
+from ..errors import SigpropError
+from ..requests import error_from_validation, parse_solve_request
+from ..schemas.graph import Template
+from ..schemas.solve import ErrorResponse, Solution, SolveRequest
+from ..settings import Settings, get_settings
+from .auth import KeyChecker
+from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, metrics_payload
+from .solutions import SolutionService
+
+ERRORS = {code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)}
+
+
+def _error(err: SigpropError) -> JSONResponse:
+    return JSONResponse(err.to_dict(), status_code=err.status)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    logger = configure_logging(settings.log_level)
+    cache = make_cache(settings)
+    service = SolutionService(cache, settings.max_nodes, settings.lock_timeout_s, settings.solve_timeout_s)
+    # Solves run here, off the event loop, so a slow one cannot block other requests.
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sigprop-solve")
+    require_key = KeyChecker(settings.api_keys)
+    state = {"warm": False}
+
+    app = FastAPI(title="sigprop", version=__version__,
+                  description="Solve activation transformations and initializations for any network graph.")
+    app.state.settings = settings
+    app.state.cache = cache
+    app.state.service = service
+
+    @app.on_event("startup")
+    async def warm_up():
+        # One tiny solve imports and exercises the engine before readyz says ready.
+        await asyncio.get_running_loop().run_in_executor(pool, lambda: solve(SolveRequest.model_validate(
+            {"graph": {"template": "mlp", "depth": 2, "width": 4}, "method": "tat", "activation": "leaky_relu",
+             "targets": {"eta": 0.1}})))
+        state["warm"] = True
+
+    @app.on_event("shutdown")
+    async def close():
+        pool.shutdown(wait=True)
+        cache.close()
+
+    @app.exception_handler(SigpropError)
+    async def sigprop_error(_request, err: SigpropError):
+        return _error(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return _error(SigpropError("invalid_request", f"{where}: {first.get('msg', 'invalid value')}",
+                                   "see the OpenAPI description at /docs for this endpoint's parameters"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            err = SigpropError("not_found", "no such endpoint", "see /docs for the endpoints", 404)
+        elif exc.status_code == 405:
+            err = SigpropError("method_not_allowed", "this endpoint does not take that HTTP method", "see /docs", 405)
+        else:
+            err = SigpropError("http_error", str(exc.detail), "see /docs", exc.status_code)
+        return _error(err)
+
+    async def run(fn, *args):
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(pool, fn, *args), timeout=settings.solve_timeout_s)
+        except asyncio.TimeoutError:
+            raise SigpropError("solve_timeout", f"the solve took longer than {settings.solve_timeout_s:g} s",
+                               "try a smaller graph or retry later; the answer is cached once it finishes") from None
+
+    v1 = APIRouter(prefix="/v1")
+
+    @v1.post("/solve", response_model=Solution, responses=ERRORS,
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": {"$ref": "#/components/schemas/SolveRequest"}}}}})
+    async def post_solve(request: Request):
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise SigpropError("invalid_request", "the request body is not valid JSON",
+                               "send a JSON object with graph, method, activation and targets") from None
+        outcome = await run(service.solve, data)
+        return Response(outcome.body, media_type="application/json", headers={"X-Sigprop-Key": outcome.key})
+
+    @v1.get("/solutions", responses=ERRORS)
+    async def list_solutions(offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+                             limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                             method: Annotated[str | None, Query(max_length=32)] = None,
+                             activation: Annotated[str | None, Query(max_length=64)] = None):
+        return await run(service.list, offset, limit, method, activation)
+
+    @v1.get("/solutions/{key}", responses=ERRORS)
+    async def get_solution(key: Annotated[str, Path(max_length=128)]):
+        return await run(service.get, key)
+
+    @v1.delete("/solutions/{key}", responses=ERRORS, dependencies=[Depends(require_key)])
+    async def delete_solution(key: Annotated[str, Path(max_length=128)]):
+        return await run(service.delete, key)
+
+    @v1.get("/templates")
+    async def templates():
+        return describe_templates()
+
+    @v1.get("/templates/{name}", responses=ERRORS)
+    async def template(name: str, request: Request):
+        params: dict = {"template": name}
+        for k, v in request.query_params.items():
+            params[k] = json.loads(v) if k in ("input_shape",) else v
+        try:
+            t = Template.model_validate(params)
+        except Exception as exc:  # pydantic ValidationError
+            raise error_from_validation(exc) if hasattr(exc, "errors") else exc
+        return json.loads(expand_template(t).model_dump_json(by_alias=True))
+
+    app.include_router(v1)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "version": __version__, "engine_version": ENGINE_VERSION}
+
+    @app.get("/readyz")
+    async def readyz():
+        cache_ok = await asyncio.get_running_loop().run_in_executor(pool, cache.ping)
+        body = {"status": "ready" if cache_ok and state["warm"] else "not_ready", "cache": cache.backend,
+                "cache_reachable": cache_ok, "engine_warm": state["warm"]}
+        return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        payload, ctype = metrics_payload()
+        return Response(payload, media_type=ctype)
+
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, logger=logger)
+    return app

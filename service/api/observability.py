@@ -1,0 +1,132 @@
+"""Structured JSON logs with a request id, and Prometheus metrics (prometheus_client).
+
+With several uvicorn workers, ``sigprop serve`` points PROMETHEUS_MULTIPROC_DIR at a shared
+folder so ``/metrics`` aggregates every worker (the library's multiprocess mode).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import multiprocess
+
+REQUESTS = Counter("sigprop_requests_total", "HTTP requests", ["route", "method", "status"])
+LATENCY = Histogram("sigprop_request_seconds", "HTTP request latency", ["route", "method"],
+                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+CACHE = Counter("sigprop_cache_total", "solution cache lookups", ["result"])  # hit, miss, error
+SOLVE_SECONDS = Histogram("sigprop_solve_seconds", "engine solve time", ["method"],
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+
+
+def metrics_payload() -> tuple[bytes, str]:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str) -> logging.Logger:
+    logger = logging.getLogger("sigprop")
+    if not any(isinstance(h.formatter, JsonFormatter) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+    return logger
+
+
+class RequestContextMiddleware:
+    """Request id (echoed in X-Request-ID), one JSON log line and the metrics of every request."""
+
+    def __init__(self, app, logger: logging.Logger):
+        self.app = app
+        self.logger = logger
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex
+        if not all(c.isalnum() or c in "-_." for c in rid):
+            rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            REQUESTS.labels(path, scope["method"], str(status[0])).inc()
+            LATENCY.labels(path, scope["method"]).observe(elapsed)
+            self.logger.info("request", extra={"fields": {
+                "request_id": rid, "method": scope["method"], "path": scope["path"], "route": path,
+                "status": status[0], "ms": round(elapsed * 1000, 3)}})
+
+
+class BodyLimitMiddleware:
+    """Reject bodies over ``limit`` bytes with 413 before they are read into memory."""
+
+    def __init__(self, app, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await _too_large(send, self.limit)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await _too_large(send, self.limit)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send, limit: int):
+    body = json.dumps({"error": {"code": "payload_too_large", "message": f"the request body is over {limit} bytes",
+                                 "hint": "send a smaller graph, use a template, or raise SIGPROP_MAX_BODY_BYTES"}}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,264 @@
+"""SolutionCache: canonical answers by key, in Redis or (no Redis configured) an embedded SQLite file.
+
+A record is the canonical answer (``Solution`` JSON on the anonymized graph, see
+``engine.solve.personalize``), the request that produced it, the ids of that request's nodes (so
+``GET /v1/solutions/{key}`` can name them), its creation time, the sigprop version and a hit
+counter. Keys already include the engine version, so a new solver never reads old answers.
+
+Both backends also provide the single-flight lock: the first process to ask for a missing key
+solves it; the others wait for the stored answer (or for the lock to expire, if that solver died).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from . import __version__
+
+
+class CacheUnavailable(Exception):
+    """The cache backend cannot be reached; callers degrade to solving without it."""
+
+
+@dataclass
+class Record:
+    key: str
+    answer: str            # canonical Solution JSON
+    request: str           # the request JSON that produced it
+    ids: list[str]         # that request's node ids by canonical index
+    created: float
+    version: str
+    method: str
+    activation: str
+    hits: int = 0
+
+    def summary(self) -> dict:
+        answer = json.loads(self.answer)
+        return {"key": self.key, "created": self.created, "sigprop_version": self.version, "method": self.method,
+                "activation": self.activation, "targets": answer.get("targets", {}),
+                "graph_summary": answer.get("graph_summary"), "hits": self.hits}
+
+
+class SolutionCache:
+    """Interface both backends implement."""
+
+    backend = "none"
+
+    def get(self, key: str, count_hit: bool = True) -> Record | None: ...
+    def put(self, record: Record) -> None: ...
+    def delete(self, key: str) -> bool: ...
+    def list(self, offset: int, limit: int, method: str | None, activation: str | None) -> tuple[int, list[Record]]: ...
+    def ping(self) -> bool: ...
+    def acquire(self, key: str, ttl_s: float) -> str | None: ...
+    def release(self, key: str, token: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class RedisSolutionCache(SolutionCache):
+    backend = "redis"
+    _PREFIX = "sigprop:"
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+    def __init__(self, url: str, timeout_s: float = 0.5):
+        self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                      retry_on_timeout=False, health_check_interval=5)
+
+    def _k(self, *parts: str) -> str:
+        return self._PREFIX + ":".join(parts)
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise CacheUnavailable(str(exc)) from None
+
+    def get(self, key, count_hit=True):
+        def run():
+            pipe = self.r.pipeline()
+            pipe.hgetall(self._k("sol", key))
+            if count_hit:
+                pipe.hincrby(self._k("sol", key), "hits", 1)
+            return pipe.execute()
+        res = self._call(run)
+        h = res[0]
+        if not h or b"answer" not in h:
+            if count_hit and res[1] == 1:  # the HINCRBY created a stray hash: remove it
+                self._call(self.r.delete, self._k("sol", key))
+            return None
+        return Record(key=key, answer=h[b"answer"].decode(), request=h[b"request"].decode(),
+                      ids=json.loads(h[b"ids"]), created=float(h[b"created"]), version=h[b"version"].decode(),
+                      method=h[b"method"].decode(), activation=h[b"activation"].decode(),
+                      hits=int(res[1]) if count_hit else int(h.get(b"hits", 0)))
+
+    def put(self, rec):
+        def run():
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hset(self._k("sol", rec.key), mapping={
+                "answer": rec.answer, "request": rec.request, "ids": json.dumps(rec.ids), "created": repr(rec.created),
+                "version": rec.version, "method": rec.method, "activation": rec.activation, "hits": rec.hits})
+            pipe.zadd(self._k("index"), {rec.key: rec.created})
+            pipe.zadd(self._k("index", "method", rec.method), {rec.key: rec.created})
+            pipe.zadd(self._k("index", "activation", rec.activation), {rec.key: rec.created})
+            pipe.execute()
+        self._call(run)
+
+    def delete(self, key):
+        def run():
+            h = self.r.hmget(self._k("sol", key), "method", "activation")
+            pipe = self.r.pipeline(transaction=True)
+            pipe.delete(self._k("sol", key))
+            pipe.zrem(self._k("index"), key)
+            if h[0] is not None:
+                pipe.zrem(self._k("index", "method", h[0].decode()), key)
+                pipe.zrem(self._k("index", "activation", h[1].decode()), key)
+            return pipe.execute()[0]
+        return bool(self._call(run))
+
+    def list(self, offset, limit, method=None, activation=None):
+        def run():
+            sets = [self._k("index")]
+            if method:
+                sets = [self._k("index", "method", method)]
+            if activation:
+                sets.append(self._k("index", "activation", activation))
+            if len(sets) == 1:
+                total = self.r.zcard(sets[0])
+                keys = self.r.zrevrange(sets[0], offset, offset + limit - 1)
+            else:
+                both = self.r.zinter(sets, withscores=True)  # newest first below
+                both.sort(key=lambda kv: -kv[1])
+                total = len(both)
+                keys = [k for k, _ in both[offset:offset + limit]]
+            return total, [k.decode() for k in keys]
+        total, keys = self._call(run)
+        records = [self.get(k, count_hit=False) for k in keys]
+        return total, [r for r in records if r is not None]
+
+    def ping(self):
+        try:
+            return bool(self.r.ping())
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return False
+
+    def acquire(self, key, ttl_s):
+        token = uuid.uuid4().hex
+        ok = self._call(self.r.set, self._k("lock", key), token, nx=True, px=int(ttl_s * 1000))
+        return token if ok else None
+
+    def release(self, key, token):
+        try:
+            self.r.eval(self._RELEASE, 1, self._k("lock", key), token)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            pass  # the lock expires by itself
+
+    def close(self):
+        self.r.close()
+
+
+class SqliteSolutionCache(SolutionCache):
+    """The embedded default: one SQLite file under SIGPROP_DATA_DIR, safe across processes."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = str(path)
+        self._local = threading.local()
+        with self._db() as db:
+            db.executescript("""
+                CREATE TABLE IF NOT EXISTS solutions (
+                    key TEXT PRIMARY KEY, answer TEXT NOT NULL, request TEXT NOT NULL, ids TEXT NOT NULL,
+                    created REAL NOT NULL, version TEXT NOT NULL, method TEXT NOT NULL, activation TEXT NOT NULL,
+                    hits INTEGER NOT NULL DEFAULT 0);
+                CREATE INDEX IF NOT EXISTS solutions_created ON solutions (created);
+                CREATE TABLE IF NOT EXISTS locks (key TEXT PRIMARY KEY, token TEXT NOT NULL, expires REAL NOT NULL);
+            """)
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    @staticmethod
+    def _record(row) -> Record:
+        key, answer, request, ids, created, version, method, activation, hits = row
+        return Record(key, answer, request, json.loads(ids), created, version, method, activation, hits)
+
+    _COLS = "key, answer, request, ids, created, version, method, activation, hits"
+
+    def get(self, key, count_hit=True):
+        db = self._db()
+        if count_hit:
+            db.execute("UPDATE solutions SET hits = hits + 1 WHERE key = ?", (key,))
+        row = db.execute(f"SELECT {self._COLS} FROM solutions WHERE key = ?", (key,)).fetchone()
+        return self._record(row) if row else None
+
+    def put(self, rec):
+        self._db().execute(
+            f"INSERT OR REPLACE INTO solutions ({self._COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (rec.key, rec.answer, rec.request, json.dumps(rec.ids), rec.created, rec.version, rec.method,
+             rec.activation, rec.hits))
+
+    def delete(self, key):
+        return self._db().execute("DELETE FROM solutions WHERE key = ?", (key,)).rowcount > 0
+
+    def list(self, offset, limit, method=None, activation=None):
+        where, args = [], []
+        if method:
+            where.append("method = ?")
+            args.append(method)
+        if activation:
+            where.append("activation = ?")
+            args.append(activation)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        db = self._db()
+        total = db.execute(f"SELECT COUNT(*) FROM solutions {clause}", args).fetchone()[0]
+        rows = db.execute(f"SELECT {self._COLS} FROM solutions {clause} ORDER BY created DESC LIMIT ? OFFSET ?",
+                          args + [limit, offset]).fetchall()
+        return total, [self._record(r) for r in rows]
+
+    def ping(self):
+        try:
+            self._db().execute("SELECT 1").fetchone()
+            return True
+        except sqlite3.Error:
+            return False
+
+    def acquire(self, key, ttl_s):
+        token, now = uuid.uuid4().hex, time.time()
+        db = self._db()
+        db.execute("DELETE FROM locks WHERE key = ? AND expires < ?", (key, now))
+        cur = db.execute("INSERT OR IGNORE INTO locks (key, token, expires) VALUES (?, ?, ?)", (key, token, now + ttl_s))
+        return token if cur.rowcount == 1 else None
+
+    def release(self, key, token):
+        self._db().execute("DELETE FROM locks WHERE key = ? AND token = ?", (key, token))
+
+    def close(self):
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+
+def make_cache(settings) -> SolutionCache:
+    if settings.redis_url:
+        return RedisSolutionCache(settings.redis_url, settings.redis_timeout_s)
+    return SqliteSolutionCache(Path(settings.data_dir) / "solutions.sqlite3")
+
+
+def new_record(key: str, canonical_json: str, request_json: str, ids: list[str], method: str, activation: str) -> Record:
+    return Record(key=key, answer=canonical_json, request=request_json, ids=ids, created=time.time(),
+                  version=__version__, method=method, activation=activation)
