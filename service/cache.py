@@ -53,6 +53,10 @@ class SolutionCache:
     backend = "none"
 
     def get(self, key: str, count_hit: bool = True) -> Record | None: ...
+    def get_answer(self, key: str) -> str | None:
+        """Just the canonical answer, counting a hit: the hot path of POST /v1/solve."""
+        rec = self.get(key)
+        return rec.answer if rec else None
     def put(self, record: Record) -> None: ...
     def delete(self, key: str) -> bool: ...
     def list(self, offset: int, limit: int, method: str | None, activation: str | None) -> tuple[int, list[Record]]: ...
@@ -80,23 +84,25 @@ class RedisSolutionCache(SolutionCache):
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             raise CacheUnavailable(str(exc)) from None
 
+    # Count a hit only on an existing entry, atomically: a blind HINCRBY on a missing key would
+    # create a stray hash, and deleting that could race with a solver storing the real entry.
+    _GET_ANSWER = ("local a = redis.call('hget', KEYS[1], 'answer') "
+                   "if a then redis.call('hincrby', KEYS[1], 'hits', 1) end return a")
+    _GET_ALL = ("if redis.call('exists', KEYS[1]) == 1 and ARGV[1] == '1' then "
+                "redis.call('hincrby', KEYS[1], 'hits', 1) end return redis.call('hgetall', KEYS[1])")
+
     def get(self, key, count_hit=True):
-        def run():
-            pipe = self.r.pipeline()
-            pipe.hgetall(self._k("sol", key))
-            if count_hit:
-                pipe.hincrby(self._k("sol", key), "hits", 1)
-            return pipe.execute()
-        res = self._call(run)
-        h = res[0]
-        if not h or b"answer" not in h:
-            if count_hit and res[1] == 1:  # the HINCRBY created a stray hash: remove it
-                self._call(self.r.delete, self._k("sol", key))
+        flat = self._call(self.r.eval, self._GET_ALL, 1, self._k("sol", key), "1" if count_hit else "0")
+        h = dict(zip(flat[::2], flat[1::2]))
+        if b"answer" not in h:
             return None
         return Record(key=key, answer=h[b"answer"].decode(), request=h[b"request"].decode(),
                       ids=json.loads(h[b"ids"]), created=float(h[b"created"]), version=h[b"version"].decode(),
-                      method=h[b"method"].decode(), activation=h[b"activation"].decode(),
-                      hits=int(res[1]) if count_hit else int(h.get(b"hits", 0)))
+                      method=h[b"method"].decode(), activation=h[b"activation"].decode(), hits=int(h.get(b"hits", 0)))
+
+    def get_answer(self, key):
+        answer = self._call(self.r.eval, self._GET_ANSWER, 1, self._k("sol", key))
+        return answer.decode() if answer is not None else None
 
     def put(self, rec):
         def run():

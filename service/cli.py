@@ -24,15 +24,15 @@ def _read_request(path: str):
 
 def cmd_solve(args) -> int:
     """Solve offline: no server, no Redis; prints exactly the answer POST /v1/solve gives."""
-    from .engine.solve import solve
+    from .engine.solve import solve_json
     from .requests import parse_solve_request
 
     try:
-        answer = solve(parse_solve_request(_read_request(args.request)))
+        answer = solve_json(parse_solve_request(_read_request(args.request)))
     except SigpropError as err:
         print(json.dumps(err.to_dict()), file=sys.stderr)
         return 2
-    sys.stdout.write(answer.to_json() + "\n")
+    sys.stdout.write(answer + "\n")
     return 0
 
 

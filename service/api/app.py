@@ -17,7 +17,7 @@ from ..cache import make_cache
 from ..engine.solve import solve
 from ..engine.templates import describe_templates, expand_template
 from ..errors import SigpropError
-from ..requests import error_from_validation, parse_solve_request
+from ..requests import error_from_validation
 from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse, Solution, SolveRequest
 from ..settings import Settings, get_settings
@@ -96,13 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                  "schema": {"$ref": "#/components/schemas/SolveRequest"}}}}})
     async def post_solve(request: Request):
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise SigpropError("invalid_request", "the request body is not valid JSON",
-                               "send a JSON object with graph, method, activation and targets") from None
-        outcome = await run(service.solve, data)
+        outcome = await run(service.solve, await request.body())
         return Response(outcome.body, media_type="application/json", headers={"X-Sigprop-Key": outcome.key})
 
     @v1.get("/solutions", responses=ERRORS)

@@ -5,15 +5,18 @@ Kept free of HTTP so it reads as the product's logic: routers call it from a wor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from ..cache import CacheUnavailable, SolutionCache, new_record
-from ..engine.solve import personalize, prepare, solve_canonical
+from ..engine.solve import personalize_json, prepare, solve_canonical
 from ..errors import SigpropError
 from ..requests import parse_solve_request
 from ..schemas.solve import Solution
@@ -21,6 +24,17 @@ from .observability import CACHE, SOLVE_SECONDS
 
 log = logging.getLogger("sigprop")
 _POLL_S = 0.02
+_MEMO_SIZE = 4096
+CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """What a request body canonicalizes to: enough to serve a cache hit without parsing it again."""
+
+    key: str
+    ids: tuple[str, ...]
+    graph_warnings: tuple[str, ...]
 
 
 @dataclass
@@ -32,29 +46,46 @@ class SolveOutcome:
 
 class SolutionService:
     def __init__(self, cache: SolutionCache, max_nodes: int, lock_timeout_s: float, wait_timeout_s: float):
+        # body digest -> canonical key and ids: a pure function of the bytes (and the engine
+        # version), so repeated bodies skip validation, template expansion and canonicalization.
+        self._memo: OrderedDict[bytes, _Parsed] = OrderedDict()
+        self._memo_lock = threading.Lock()
         self.cache = cache
         self.max_nodes = max_nodes
         self.lock_timeout_s = lock_timeout_s
         self.wait_timeout_s = wait_timeout_s
 
     # -- cache access that degrades instead of failing -----------------------------------------
-    def _lookup(self, key: str, warnings: list[str], count_hit: bool = True) -> Solution | None:
+    def _lookup(self, key: str, warnings: list[str]) -> str | None:
+        """The canonical answer JSON from the cache, or None (missing, corrupt, or cache down)."""
         try:
-            rec = self.cache.get(key, count_hit=count_hit)
+            text = self.cache.get_answer(key)
         except CacheUnavailable:
             CACHE.labels("error").inc()
             if not warnings:
-                warnings.append("the solution cache is unreachable: this answer was solved without it and is not stored")
+                warnings.append(CACHE_DOWN)
             return None
-        if rec is None:
+        if text is None:
             return None
         try:
-            return Solution.model_validate_json(rec.answer)
+            Solution.model_validate_json(text)
         except ValidationError:
             log.warning("corrupt cache entry recomputed", extra={"fields": {"key": key}})
             return None
+        return text
 
-    def solve(self, data) -> SolveOutcome:
+    def solve(self, body: bytes) -> SolveOutcome:
+        digest = hashlib.sha256(body).digest()
+        with self._memo_lock:
+            parsed = self._memo.get(digest)
+        notes: list[str] = []
+        if parsed is not None:
+            text = self._lookup(parsed.key, notes)
+            if text is not None:
+                CACHE.labels("hit").inc()
+                return SolveOutcome(personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key)
+
+        data = _load_json(body)
         request = parse_solve_request(data)
         nodes = getattr(request.graph, "nodes", None)
         if nodes is not None and len(nodes) > self.max_nodes:
@@ -62,21 +93,25 @@ class SolutionService:
         prep = prepare(request)
         if prep.graph.n > self.max_nodes:
             raise _too_large(prep.graph.n, self.max_nodes)
+        parsed = _Parsed(prep.key, tuple(prep.ids), tuple(prep.graph.warnings))
+        with self._memo_lock:
+            self._memo[digest] = parsed
+            if len(self._memo) > _MEMO_SIZE:
+                self._memo.popitem(last=False)
 
-        notes: list[str] = []
-        canonical = self._lookup(prep.key, notes)
-        cached = canonical is not None
+        notes = []
+        text = self._lookup(prep.key, notes)
+        cached = text is not None
         if cached:
             CACHE.labels("hit").inc()
         else:
             if not notes:
                 CACHE.labels("miss").inc()
-            canonical, cached = self._solve_once(prep, data, notes)
-        answer = personalize(canonical, prep.ids, list(prep.graph.warnings) + notes)
-        answer.cached = cached
-        return SolveOutcome(answer.to_json(), cached, prep.key)
+            text, cached = self._solve_once(prep, data, notes)
+        answer = personalize_json(text, parsed.ids, parsed.graph_warnings + tuple(notes), cached=cached)
+        return SolveOutcome(answer, cached, prep.key)
 
-    def _solve_once(self, prep, data, notes: list[str]) -> tuple[Solution, bool]:
+    def _solve_once(self, prep, data, notes: list[str]) -> tuple[str, bool]:
         """Single flight: one solver per key across processes; the others read its answer."""
         token = None
         if not notes:  # the cache answered the lookup, so it can hold the lock too
@@ -88,7 +123,7 @@ class SolutionService:
                     break
                 if token is not None:
                     break
-                found = self._lookup(prep.key, notes, count_hit=True)
+                found = self._lookup(prep.key, notes)
                 if found is not None:
                     CACHE.labels("hit").inc()
                     return found, True
@@ -97,14 +132,14 @@ class SolutionService:
                 time.sleep(_POLL_S)
         try:
             start = time.perf_counter()
-            canonical = solve_canonical(prep)
+            canonical = solve_canonical(prep).to_json()
             SOLVE_SECONDS.labels(prep.request.method).observe(time.perf_counter() - start)
             if not notes:
                 try:
-                    self.cache.put(new_record(prep.key, canonical.to_json(), json.dumps(data, separators=(",", ":")),
+                    self.cache.put(new_record(prep.key, canonical, json.dumps(data, separators=(",", ":")),
                                               prep.ids, prep.request.method, prep.request.activation))
                 except CacheUnavailable:
-                    notes.append("the solution cache is unreachable: this answer was solved without it and is not stored")
+                    notes.append(CACHE_DOWN)
             return canonical, False
         finally:
             if token is not None:
@@ -116,9 +151,8 @@ class SolutionService:
         if rec is None:
             raise SigpropError("not_found", f"no stored solution has key {key}",
                                "POST the request to /v1/solve, or list keys with GET /v1/solutions")
-        answer = personalize(Solution.model_validate_json(rec.answer), rec.ids)
-        answer.cached = True
-        return {**rec.summary(), "request": json.loads(rec.request), "answer": json.loads(answer.to_json())}
+        answer = personalize_json(rec.answer, rec.ids, cached=True)
+        return {**rec.summary(), "request": json.loads(rec.request), "answer": json.loads(answer)}
 
     def list(self, offset: int, limit: int, method: str | None, activation: str | None) -> dict:
         total, records = self.cache.list(offset, limit, method, activation)
@@ -128,6 +162,14 @@ class SolutionService:
         if not self.cache.delete(key):
             raise SigpropError("not_found", f"no stored solution has key {key}", "list keys with GET /v1/solutions")
         return {"key": key, "deleted": True}
+
+
+def _load_json(body: bytes):
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise SigpropError("invalid_request", "the request body is not valid JSON",
+                           "send a JSON object with graph, method, activation and targets") from None
 
 
 def _too_large(n: int, limit: int) -> SigpropError:

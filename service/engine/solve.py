@@ -74,6 +74,12 @@ def solve(request: SolveRequest) -> Solution:
     return solve_prepared(prepare(request))
 
 
+def solve_json(request: SolveRequest) -> str:
+    """The answer as the CLI prints it and POST /v1/solve sends it (apart from "cached")."""
+    prep = prepare(request)
+    return personalize_json(solve_canonical(prep).to_json(), prep.ids, prep.graph.warnings)
+
+
 def _check_targets(request: SolveRequest) -> dict[str, float]:
     given = request.targets.model_dump(exclude_none=True)
     allowed = METHOD_TARGETS[request.method]
@@ -120,31 +126,34 @@ def _smooth_warnings(act: Activation) -> list[str]:
 
 def solve_prepared(prep: Prepared) -> Solution:
     """The answer for this request: the canonical answer relabelled with the request's ids."""
-    return personalize(solve_canonical(prep), prep.ids, prep.graph.warnings)
+    return Solution.model_validate_json(personalize_json(solve_canonical(prep).to_json(), prep.ids, prep.graph.warnings))
 
 
 _PLACEHOLDER = re.compile(r"#(\d+)")
 
 
 def personalize(canonical: Solution, ids, graph_warnings=()) -> Solution:
-    """Put a request's own node ids (and its graph's warnings) into a canonical answer.
+    """Put a request's own node ids (and its graph's warnings) into a canonical answer."""
+    return Solution.model_validate_json(personalize_json(canonical.to_json(), ids, graph_warnings))
+
+
+def personalize_json(canonical_json: str, ids, graph_warnings=(), cached: bool = False) -> str:
+    """``personalize`` on the serialized answer, which is what the cache holds and serves.
 
     Answers are computed on ``NetworkGraph.anonymized()``, so every node they name is a
-    ``#<canonical index>`` placeholder; equal keys mean equal canonical graphs, so the mapping
-    is exact for any request with the same key (this is what lets the cache serve renamed graphs).
+    ``#<canonical index>`` placeholder ('#' cannot occur in ids or anywhere else in an answer);
+    equal keys mean equal canonical graphs, so the mapping is exact for any request with the same
+    key. Ids are restricted to characters JSON never escapes, so substituting them into the text
+    gives the same bytes as re-serializing: the CLI and the HTTP service produce identical answers.
     """
-    def relabel(value):
-        if isinstance(value, str):
-            return _PLACEHOLDER.sub(lambda m: ids[int(m.group(1))], value) if "#" in value else value
-        if isinstance(value, list):
-            return [relabel(v) for v in value]
-        if isinstance(value, dict):
-            return {k: relabel(v) for k, v in value.items()}
-        return value
-
-    data = relabel(canonical.model_dump(by_alias=True, exclude_none=True))
-    data["warnings"] = list(graph_warnings) + data["warnings"]
-    return Solution.model_validate(data)
+    text = _PLACEHOLDER.sub(lambda m: ids[int(m.group(1))], canonical_json) if "#" in canonical_json else canonical_json
+    if cached:
+        text = text.replace('"cached":false', '"cached":true', 1)
+    if graph_warnings:
+        answer = Solution.model_validate_json(text)
+        answer.warnings = list(graph_warnings) + answer.warnings
+        text = answer.to_json()
+    return text
 
 
 def solve_canonical(prep: Prepared) -> Solution:
