@@ -11,7 +11,9 @@ solves it; the others wait for the stored answer (or for the lock to expire, if 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -22,6 +24,13 @@ from pathlib import Path
 import redis
 
 from . import __version__
+
+
+log = logging.getLogger("sigprop")
+
+
+def answer_digest(answer: str) -> str:
+    return hashlib.sha256(answer.encode()).hexdigest()
 
 
 class CacheUnavailable(Exception):
@@ -39,6 +48,7 @@ class Record:
     method: str
     activation: str
     hits: int = 0
+    digest: str = ""       # sha256 of answer: a corrupt entry is detected and recomputed, never served
 
     def summary(self) -> dict:
         answer = json.loads(self.answer)
@@ -54,9 +64,20 @@ class SolutionCache:
 
     def get(self, key: str, count_hit: bool = True) -> Record | None: ...
     def get_answer(self, key: str) -> str | None:
-        """Just the canonical answer, counting a hit: the hot path of POST /v1/solve."""
-        rec = self.get(key)
-        return rec.answer if rec else None
+        """Just the canonical answer, counting a hit: the hot path of POST /v1/solve.
+
+        None when missing or corrupt (its checksum does not match): the caller solves again and
+        the new answer overwrites the entry."""
+        ...
+
+    @staticmethod
+    def _checked(key: str, answer: str | None, digest: str | None) -> str | None:
+        if answer is None:
+            return None
+        if digest != answer_digest(answer):
+            log.warning("corrupt cache entry: checksum mismatch, recomputing", extra={"fields": {"key": key}})
+            return None
+        return answer
     def put(self, record: Record) -> None: ...
     def delete(self, key: str) -> bool: ...
     def list(self, offset: int, limit: int, method: str | None, activation: str | None) -> tuple[int, list[Record]]: ...
@@ -86,8 +107,8 @@ class RedisSolutionCache(SolutionCache):
 
     # Count a hit only on an existing entry, atomically: a blind HINCRBY on a missing key would
     # create a stray hash, and deleting that could race with a solver storing the real entry.
-    _GET_ANSWER = ("local a = redis.call('hget', KEYS[1], 'answer') "
-                   "if a then redis.call('hincrby', KEYS[1], 'hits', 1) end return a")
+    _GET_ANSWER = ("local a = redis.call('hmget', KEYS[1], 'answer', 'digest') "
+                   "if a[1] then redis.call('hincrby', KEYS[1], 'hits', 1) end return a")
     _GET_ALL = ("if redis.call('exists', KEYS[1]) == 1 and ARGV[1] == '1' then "
                 "redis.call('hincrby', KEYS[1], 'hits', 1) end return redis.call('hgetall', KEYS[1])")
 
@@ -98,18 +119,21 @@ class RedisSolutionCache(SolutionCache):
             return None
         return Record(key=key, answer=h[b"answer"].decode(), request=h[b"request"].decode(),
                       ids=json.loads(h[b"ids"]), created=float(h[b"created"]), version=h[b"version"].decode(),
-                      method=h[b"method"].decode(), activation=h[b"activation"].decode(), hits=int(h.get(b"hits", 0)))
+                      method=h[b"method"].decode(), activation=h[b"activation"].decode(), hits=int(h.get(b"hits", 0)),
+                      digest=h.get(b"digest", b"").decode())
 
     def get_answer(self, key):
-        answer = self._call(self.r.eval, self._GET_ANSWER, 1, self._k("sol", key))
-        return answer.decode() if answer is not None else None
+        answer, digest = self._call(self.r.eval, self._GET_ANSWER, 1, self._k("sol", key))
+        return self._checked(key, answer.decode() if answer is not None else None,
+                             digest.decode() if digest is not None else None)
 
     def put(self, rec):
         def run():
             pipe = self.r.pipeline(transaction=True)
             pipe.hset(self._k("sol", rec.key), mapping={
                 "answer": rec.answer, "request": rec.request, "ids": json.dumps(rec.ids), "created": repr(rec.created),
-                "version": rec.version, "method": rec.method, "activation": rec.activation, "hits": rec.hits})
+                "version": rec.version, "method": rec.method, "activation": rec.activation, "hits": rec.hits,
+                "digest": rec.digest})
             pipe.zadd(self._k("index"), {rec.key: rec.created})
             pipe.zadd(self._k("index", "method", rec.method), {rec.key: rec.created})
             pipe.zadd(self._k("index", "activation", rec.activation), {rec.key: rec.created})
@@ -183,7 +207,7 @@ class SqliteSolutionCache(SolutionCache):
                 CREATE TABLE IF NOT EXISTS solutions (
                     key TEXT PRIMARY KEY, answer TEXT NOT NULL, request TEXT NOT NULL, ids TEXT NOT NULL,
                     created REAL NOT NULL, version TEXT NOT NULL, method TEXT NOT NULL, activation TEXT NOT NULL,
-                    hits INTEGER NOT NULL DEFAULT 0);
+                    hits INTEGER NOT NULL DEFAULT 0, digest TEXT NOT NULL DEFAULT '');
                 CREATE INDEX IF NOT EXISTS solutions_created ON solutions (created);
                 CREATE TABLE IF NOT EXISTS locks (key TEXT PRIMARY KEY, token TEXT NOT NULL, expires REAL NOT NULL);
             """)
@@ -199,23 +223,29 @@ class SqliteSolutionCache(SolutionCache):
 
     @staticmethod
     def _record(row) -> Record:
-        key, answer, request, ids, created, version, method, activation, hits = row
-        return Record(key, answer, request, json.loads(ids), created, version, method, activation, hits)
+        key, answer, request, ids, created, version, method, activation, hits, digest = row
+        return Record(key, answer, request, json.loads(ids), created, version, method, activation, hits, digest)
 
-    _COLS = "key, answer, request, ids, created, version, method, activation, hits"
+    _COLS = "key, answer, request, ids, created, version, method, activation, hits, digest"
+
+    def get_answer(self, key):
+        row = self._db().execute("UPDATE solutions SET hits = hits + 1 WHERE key = ? RETURNING answer, digest",
+                                 (key,)).fetchone()
+        return self._checked(key, *row) if row else None
 
     def get(self, key, count_hit=True):
         db = self._db()
-        if count_hit:
-            db.execute("UPDATE solutions SET hits = hits + 1 WHERE key = ?", (key,))
-        row = db.execute(f"SELECT {self._COLS} FROM solutions WHERE key = ?", (key,)).fetchone()
+        if count_hit:  # one statement: a hit is counted exactly when the row is found
+            row = db.execute(f"UPDATE solutions SET hits = hits + 1 WHERE key = ? RETURNING {self._COLS}", (key,)).fetchone()
+        else:
+            row = db.execute(f"SELECT {self._COLS} FROM solutions WHERE key = ?", (key,)).fetchone()
         return self._record(row) if row else None
 
     def put(self, rec):
         self._db().execute(
-            f"INSERT OR REPLACE INTO solutions ({self._COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO solutions ({self._COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rec.key, rec.answer, rec.request, json.dumps(rec.ids), rec.created, rec.version, rec.method,
-             rec.activation, rec.hits))
+             rec.activation, rec.hits, rec.digest))
 
     def delete(self, key):
         return self._db().execute("DELETE FROM solutions WHERE key = ?", (key,)).rowcount > 0
@@ -267,4 +297,4 @@ def make_cache(settings) -> SolutionCache:
 
 def new_record(key: str, canonical_json: str, request_json: str, ids: list[str], method: str, activation: str) -> Record:
     return Record(key=key, answer=canonical_json, request=request_json, ids=ids, created=time.time(),
-                  version=__version__, method=method, activation=activation)
+                  version=__version__, method=method, activation=activation, digest=answer_digest(canonical_json))

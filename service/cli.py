@@ -47,8 +47,10 @@ def cmd_serve(args) -> int:
         # Each worker is a process: point prometheus_client at a shared folder so /metrics
         # reports all of them, whichever worker answers.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sigprop-metrics-")
+    from .api.server import NoDelayH11Protocol
+
     uvicorn.run("sigprop.api.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+                http=NoDelayH11Protocol, log_level="warning", access_log=False, timeout_graceful_shutdown=30)
     return 0
 
 

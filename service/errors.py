@@ -22,6 +22,8 @@ HTTP_STATUS = {
     "not_found": 404,
     "rate_limited": 429,
     "solve_timeout": 503,
+    "cache_unavailable": 503,
+    "method_not_allowed": 405,
 }
 
 

@@ -73,3 +73,21 @@ def test_very_deep_residual_network_solves_without_overflow():
     ans = solve(parse_solve_request({"graph": {"nodes": nodes}, "method": "tat", "activation": "leaky_relu",
                                      "targets": {"eta": 0.9}}))
     assert abs(ans.c_f_0 - 0.9) < 1e-12
+
+
+def test_dks_on_a_graph_whose_only_activation_is_dead_fails_cleanly():
+    """Found by the fuzz test: three equal sum weights square to 1 + 1 ulp, which made the slope
+    bracket look nonlinear and double forever."""
+    graph = {"nodes": [
+        {"id": "x", "op": "input", "shape": [3, 8, 8]},
+        {"id": "n0", "op": "sum", "inputs": ["x", "x", "x"]},
+        {"id": "n3", "op": "activation", "inputs": ["x"]},  # does not reach the output
+        {"id": "n9", "op": "dropout", "inputs": ["n0"]},
+        {"id": "out", "op": "output", "inputs": ["n9"]}]}
+    for method, targets in (("dks", {"zeta": 1.5}), ("tat", {"tau": 0.3})):
+        try:
+            solve(parse_solve_request({"graph": graph, "method": method, "activation": "tanh", "targets": targets}))
+        except SigpropError as err:
+            assert err.code == "unreachable_target" and "nonlinear" in err.message
+        else:
+            raise AssertionError("a graph without a live nonlinear layer cannot reach zeta or tau")

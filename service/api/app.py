@@ -10,14 +10,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import ENGINE_VERSION, __version__
-from ..cache import make_cache
+from ..cache import CacheUnavailable, make_cache
 from ..engine.solve import solve
-from ..engine.templates import describe_templates, expand_template
+from ..engine.templates import TEMPLATE_NAMES, describe_templates, expand_template
 from ..errors import SigpropError
-from ..requests import error_from_validation
 from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse, Solution, SolveRequest
 from ..settings import Settings, get_settings
@@ -64,6 +64,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(SigpropError)
     async def sigprop_error(_request, err: SigpropError):
         return _error(err)
+
+    @app.exception_handler(CacheUnavailable)
+    async def cache_down(_request, exc: CacheUnavailable):
+        return _error(SigpropError("cache_unavailable", "the solution store cannot be reached right now",
+                                   "retry shortly; POST /v1/solve keeps answering without the store", 503))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request, exc: RequestValidationError):
@@ -120,13 +125,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @v1.get("/templates/{name}", responses=ERRORS)
     async def template(name: str, request: Request):
+        if name not in TEMPLATE_NAMES:
+            raise SigpropError("not_found", f"no template named '{name}'", f"templates: {', '.join(TEMPLATE_NAMES)}")
         params: dict = {"template": name}
         for k, v in request.query_params.items():
-            params[k] = json.loads(v) if k in ("input_shape",) else v
+            if k == "input_shape":
+                try:
+                    v = json.loads(v)
+                except ValueError:
+                    raise SigpropError("invalid_request", f"input_shape={v!r} is not a JSON list",
+                                       "write it as input_shape=[3,32,32]") from None
+            params[k] = v
         try:
             t = Template.model_validate(params)
-        except Exception as exc:  # pydantic ValidationError
-            raise error_from_validation(exc) if hasattr(exc, "errors") else exc
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "query"
+            raise SigpropError("invalid_request", f"{where}: {first.get('msg')}",
+                               f"see GET /v1/templates for the parameters of '{name}'") from None
         return json.loads(expand_template(t).model_dump_json(by_alias=True))
 
     app.include_router(v1)

@@ -13,13 +13,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from ..cache import CacheUnavailable, SolutionCache, new_record
+from ..cache import CacheUnavailable, SolutionCache, answer_digest, new_record
 from ..engine.solve import personalize_json, prepare, solve_canonical
 from ..errors import SigpropError
 from ..requests import parse_solve_request
-from ..schemas.solve import Solution
 from .observability import CACHE, SOLVE_SECONDS
 
 log = logging.getLogger("sigprop")
@@ -64,13 +61,6 @@ class SolutionService:
             CACHE.labels("error").inc()
             if not warnings:
                 warnings.append(CACHE_DOWN)
-            return None
-        if text is None:
-            return None
-        try:
-            Solution.model_validate_json(text)
-        except ValidationError:
-            log.warning("corrupt cache entry recomputed", extra={"fields": {"key": key}})
             return None
         return text
 
@@ -122,6 +112,12 @@ class SolutionService:
                 except CacheUnavailable:
                     break
                 if token is not None:
+                    # Another solver may have stored the answer between our miss and our lock.
+                    found = self._lookup(prep.key, notes)
+                    if found is not None:
+                        self.cache.release(prep.key, token)
+                        CACHE.labels("hit").inc()
+                        return found, True
                     break
                 found = self._lookup(prep.key, notes)
                 if found is not None:
@@ -148,7 +144,7 @@ class SolutionService:
     # -- stored solutions -------------------------------------------------------------------------
     def get(self, key: str) -> dict:
         rec = self.cache.get(key, count_hit=False)
-        if rec is None:
+        if rec is None or rec.digest != answer_digest(rec.answer):
             raise SigpropError("not_found", f"no stored solution has key {key}",
                                "POST the request to /v1/solve, or list keys with GET /v1/solutions")
         answer = personalize_json(rec.answer, rec.ids, cached=True)

@@ -27,12 +27,17 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
     if not zeta > 1.0:
         raise SigpropError("invalid_target", f"zeta = {zeta} must be greater than 1",
                            "zeta is the maximal C'_f(1); DKS uses a modest value above 1 such as 1.5")
-    if max_slope(program, 2.0) <= 1.0:
-        raise SigpropError("unreachable_target", "the network has no nonlinear layer, so C'_f(1) = 1 for any zeta",
-                           "add activation nodes to the graph")
+    if not max_slope(program, 2.0) > 1.0 + 1e-9:  # sums of squared weights round to 1 +- 1 ulp
+        raise SigpropError("unreachable_target", "the network has no nonlinear layer that reaches the output, so "
+                           "C'_f(1) = 1 for any zeta", "add activation nodes to the graph")
     hi = 2.0
-    while max_slope(program, hi) < zeta:
+    for _ in range(64):  # mu_f^1 grows at least linearly in the local slope, so 2^64 brackets any zeta
+        if max_slope(program, hi) >= zeta:
+            break
         hi *= 2.0
+    else:
+        raise SigpropError("unreachable_target", f"no per-layer slope reaches a maximal C'_f(1) of {zeta}",
+                           "use a smaller zeta, or check that the graph's nonlinear layers reach the output")
     return float(sp_opt.brentq(lambda x: max_slope(program, x) - zeta, 1.0, hi, xtol=1e-15, rtol=1e-15, maxiter=200))
 
 

@@ -67,7 +67,7 @@ def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) ->
         raise SigpropError("invalid_target", f"tau = {tau} is not positive",
                            "tau is the maximal C''_f(1) over subnetworks: use a small positive value such as 0.3")
     kappa = curvature_multiplier(program)
-    if kappa <= 0.0:
+    if kappa <= 1e-12:
         raise SigpropError("unreachable_target", "the network has no nonlinear layer, so C''_f(1) = 0 for any tau",
                            "add activation nodes to the graph")
     local = tau / kappa

@@ -1,0 +1,50 @@
+"""A corrupt cache entry (its checksum does not match) is detected, recomputed and overwritten,
+never served; on the real Redis (db 14) and the embedded SQLite cache."""
+
+import json
+
+import pytest
+import redis
+
+from sigprop.api.solutions import SolutionService
+from sigprop.cache import RedisSolutionCache, SqliteSolutionCache
+
+from .service_fixtures import flush_shared_redis, shared_redis_or_skip
+
+URL = "redis://127.0.0.1:6379/14"
+BODY = json.dumps({"graph": {"template": "mlp", "depth": 8, "width": 16}, "method": "tat",
+                   "activation": "leaky_relu", "targets": {"eta": 0.5}}).encode()
+
+
+def _cache(backend, tmp_path):
+    if backend == "redis":
+        shared_redis_or_skip(URL)
+        flush_shared_redis(URL)
+        return RedisSolutionCache(URL)
+    return SqliteSolutionCache(tmp_path / "c.sqlite3")
+
+
+def _corrupt(cache, key):
+    if isinstance(cache, RedisSolutionCache):
+        r = redis.Redis.from_url(URL)
+        answer = r.hget(f"sigprop:sol:{key}", "answer").decode()
+        r.hset(f"sigprop:sol:{key}", "answer", answer.replace('"negative_slope":0.', '"negative_slope":9.'))
+    else:
+        db = cache._db()
+        answer = db.execute("SELECT answer FROM solutions WHERE key = ?", (key,)).fetchone()[0]
+        db.execute("UPDATE solutions SET answer = ? WHERE key = ?", (answer.replace('"negative_slope":0.', '"negative_slope":9.'), key))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_corrupt_entry_is_recomputed_not_served(backend, tmp_path):
+    cache = _cache(backend, tmp_path)
+    svc = SolutionService(cache, 100_000, 60, 30)
+    first = svc.solve(BODY)
+    assert not first.cached and svc.solve(BODY).cached
+    _corrupt(cache, first.key)
+    again = svc.solve(BODY)
+    assert not again.cached  # the corrupt answer was not served
+    assert json.loads(again.body)["negative_slope"] == json.loads(first.body)["negative_slope"] < 1
+    assert svc.solve(BODY).cached  # and the recomputed answer replaced it
+    assert svc.get(first.key)["answer"]["negative_slope"] < 1
+    cache.close()
