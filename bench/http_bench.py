@@ -544,6 +544,7 @@ def main(argv=None) -> int:
             # (label, Lua script, kind, body bytes, wrk threads, wrk connections)
             ("cache hit, mlp-100 template", lua_fixed(HIT_REQUEST), "hit", len(hit_body),
              args.threads, args.connections),
+            ("cache hit, mlp-100 template, 8 connections", lua_fixed(HIT_REQUEST), "hit", len(hit_body), 2, 8),
             ("cache hit, mlp-100 template, 1 connection", lua_fixed(HIT_REQUEST), "hit-1", len(hit_body), 1, 1),
             ("cold solve, mlp-100 template, new eta per request", lua_cold(HIT_REQUEST, args.threads), "cold",
              len(hit_body) + 4, args.threads, args.connections),
