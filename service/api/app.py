@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -42,24 +44,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     require_key = KeyChecker(settings.api_keys)
     state = {"warm": False}
 
-    app = FastAPI(title="sigprop", version=__version__,
-                  description="Solve activation transformations and initializations for any network graph.")
-    app.state.settings = settings
-    app.state.cache = cache
-    app.state.service = service
-
-    @app.on_event("startup")
-    async def warm_up():
+    @asynccontextmanager
+    async def lifespan(_app):
         # One tiny solve imports and exercises the engine before readyz says ready.
         await asyncio.get_running_loop().run_in_executor(pool, lambda: solve(SolveRequest.model_validate(
             {"graph": {"template": "mlp", "depth": 2, "width": 4}, "method": "tat", "activation": "leaky_relu",
              "targets": {"eta": 0.1}})))
         state["warm"] = True
-
-    @app.on_event("shutdown")
-    async def close():
-        pool.shutdown(wait=True)
+        yield
+        pool.shutdown(wait=True)  # in-flight solves finish before the process exits
         cache.close()
+
+    app = FastAPI(title="sigprop", version=__version__, lifespan=lifespan,
+                  description="Solve activation transformations and initializations for any network graph.")
+    app.state.settings = settings
+    app.state.cache = cache
+    app.state.service = service
 
     @app.exception_handler(SigpropError)
     async def sigprop_error(_request, err: SigpropError):
@@ -163,6 +163,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         payload, ctype = metrics_payload()
         return Response(payload, media_type=ctype)
 
+    def openapi_with_request_model():
+        # POST /v1/solve reads the raw body (memoized by digest), so FastAPI does not see its
+        # model: put SolveRequest and its parts into the components the route's schema refers to.
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            request_schema = SolveRequest.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(request_schema.pop("$defs", {}))
+            components["SolveRequest"] = request_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi_with_request_model
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, logger=logger)
     return app
