@@ -108,7 +108,7 @@ def _c_grid(points: int) -> np.ndarray:
     return np.linspace(-1.0, 1.0, points)
 
 
-def _warnings_for(graph: NetworkGraph, act: Activation) -> list[str]:
+def _warnings_for(graph: NetworkGraph) -> list[str]:
     out = list(graph.warnings) + correlated_sum_warnings(graph.nodes)
     pools = [nd.user_id for nd in graph.nodes if nd.op == "max_pool"]
     if pools:
@@ -126,7 +126,7 @@ def _smooth_warnings(act: Activation) -> list[str]:
 
 def solve_prepared(prep: Prepared) -> Solution:
     """The answer for this request: the canonical answer relabelled with the request's ids."""
-    return Solution.model_validate_json(personalize_json(solve_canonical(prep).to_json(), prep.ids, prep.graph.warnings))
+    return personalize(solve_canonical(prep), prep.ids, prep.graph.warnings)
 
 
 _PLACEHOLDER = re.compile(r"#(\d+)")
@@ -197,7 +197,7 @@ def _solve_method(prep: Prepared) -> Solution:
     if method == "sparse_eoc":
         return _sparse_eoc_solution(prep, program, targets)
     act = _single_activation(graph, request)
-    warnings = _warnings_for(graph, act)
+    warnings = _warnings_for(graph)
     grid = _c_grid(request.c_map_points)
     common = dict(key=prep.key, engine_version=ENGINE_VERSION, method=method, activation=request.activation,
                   targets=targets, graph_summary=_summary(graph, program))
@@ -303,7 +303,7 @@ def _sparse_eoc_solution(prep: Prepared, program: SubnetworkProgram, targets: di
             request.activation, qs_grid, sol.tau, sol.m, sw2, sb2)).tolist()),
         c_map=CMapSample(c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, 0).tolist()),
         layers=layer_inits(graph, request.init, sw2, sb2),
-        warnings=_warnings_for(graph, act) + list(sol.warnings) + _c_map_accuracy(table))
+        warnings=_warnings_for(graph) + list(sol.warnings) + _c_map_accuracy(table))
 
 
 def _geometric_solution(prep: Prepared, program: SubnetworkProgram) -> Solution:
