@@ -54,6 +54,22 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_worker(args) -> int:
+    """A validation-training worker (RQ) on the Redis at SIGPROP_REDIS_URL."""
+    from .settings import get_settings
+
+    settings = get_settings()
+    if not settings.redis_url:
+        print(json.dumps(SigpropError("invalid_request", "sigprop worker needs a Redis: SIGPROP_REDIS_URL is not set",
+                                      "set SIGPROP_REDIS_URL to the Redis `sigprop serve` uses; without Redis, "
+                                      "`sigprop serve` runs validations itself").to_dict()), file=sys.stderr)
+        return 2
+    from .worker.worker import run_worker
+
+    run_worker(settings, queues=args.queue or None, burst=args.burst, name=args.name)
+    return 0
+
+
 def cmd_schema(args) -> int:
     """Print the JSON Schema of the graph, the solve request or the answer."""
     from .schemas import Graph, Solution, SolveRequest
@@ -77,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=1)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run a validation-training worker (needs SIGPROP_REDIS_URL)")
+    p.add_argument("--burst", action="store_true", help="quit once the queue is empty")
+    p.add_argument("--queue", action="append", metavar="NAME",
+                   help="queue to listen on (repeatable; default SIGPROP_VALIDATION_QUEUE, sigprop-validations)")
+    p.add_argument("--name", default=None, help="worker name (default: random)")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("schema", help="print a JSON Schema (graph, request or solution)")
     p.add_argument("which", choices=["graph", "request", "solution"])

@@ -21,6 +21,14 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=0.5, gt=0, description="socket timeout for Redis calls, so an outage cannot hang a request")
     api_keys: str = Field(default="", description="comma-separated API keys for writes that cost or destroy (deletes, validations)")
     log_level: str = Field(default="INFO")
+    # validations (contract section 4): RQ jobs run by `sigprop worker`, or with no Redis a thread pool in the API
+    validation_queue: str = Field(default="sigprop-validations", min_length=1, max_length=128, description="RQ queue the API enqueues to and `sigprop worker` listens on")
+    validation_timeout_s: int = Field(default=3600, ge=1, description="a validation attempt running longer is stopped and fails (not retried)")
+    validation_retries: int = Field(default=2, ge=0, le=10, description="retries of a validation whose attempt crashed, raised, or whose worker died")
+    validation_cancel_grace_s: float = Field(default=30.0, gt=0, description="a running validation that ignores its cancel this long is killed by its worker")
+    validation_local_workers: int = Field(default=1, ge=1, le=64, description="without Redis: validations run at once in the API process")
+    worker_heartbeat_s: int = Field(default=10, ge=1, description="a worker refreshes its running job's heartbeat this often; a job unrefreshed for this + 5 s is abandoned")
+    worker_maintenance_s: int = Field(default=30, ge=1, description="how often a worker looks for abandoned jobs to retry (RQ registry cleanup)")
 
 
 @lru_cache(maxsize=1)

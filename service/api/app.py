@@ -22,10 +22,12 @@ from ..engine.templates import TEMPLATE_NAMES, describe_templates, expand_templa
 from ..errors import SigpropError
 from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse, Solution, SolveRequest
+from ..schemas.validation import ValidationRequest
 from ..settings import Settings, get_settings
 from .auth import KeyChecker
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, metrics_payload
 from .solutions import SolutionService
+from .validations import validations_router
 
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)}
 
@@ -52,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
              "targets": {"eta": 0.1}})))
         state["warm"] = True
         yield
+        validations.close()  # local (no-Redis) validations still running end "failed": interrupted
         pool.shutdown(wait=True)  # in-flight solves finish before the process exits
         cache.close()
 
@@ -146,6 +149,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return json.loads(expand_template(t).model_dump_json(by_alias=True))
 
     app.include_router(v1)
+    validations_routes, validations = validations_router(settings, service, require_key, run)
+    app.include_router(validations_routes)
 
     @app.get("/healthz")
     async def healthz():
@@ -168,10 +173,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # model: put SolveRequest and its parts into the components the route's schema refers to.
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            request_schema = SolveRequest.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components.update(request_schema.pop("$defs", {}))
-            components["SolveRequest"] = request_schema
+            for model in (SolveRequest, ValidationRequest):  # POST /v1/validations reads its raw body too
+                request_schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+                components.update(request_schema.pop("$defs", {}))
+                components[model.__name__] = request_schema
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -1,0 +1,54 @@
+"""Wire models of validation trainings (contract section 4): POST/GET /v1/validations."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .solve import SolveRequest
+
+Baseline = Literal["he", "eoc", "plain"]
+JobStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
+
+
+class ValidationRequest(BaseModel):
+    """Train the solved network (and baselines) on a dataset and check the theory against it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    solve: SolveRequest | None = Field(default=None, description="a full /v1/solve request")
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(default=None, description="a stored solution's key")
+    dataset: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+        default="digits", description="'digits' (scikit-learn's bundled set), 'synthetic' (teacher-student), or an .npz path on the worker")
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 200
+    batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = Field(
+        default=None, description="learning rate (default: 0.002 for sgd with momentum 0.9, 3e-4 for adam)")
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    baselines: list[Baseline] = Field(default_factory=lambda: ["he"], max_length=3,
+                                      description="trained side by side: 'he' (ReLU, Kaiming fan-in), 'eoc', 'plain' (untransformed activation, PyTorch default init)")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.solve is None) == (self.key is None):
+            raise ValueError("give exactly one of 'solve' (a solve request) or 'key' (a stored solution's key)")
+        return self
+
+
+class ValidationJob(BaseModel):
+    """What GET /v1/validations/{id} answers."""
+
+    id: str
+    status: JobStatus
+    progress: dict[str, Any] = Field(default_factory=dict, description="{'step': s, 'total': n, 'run': name}")
+    key: str = Field(description="the solution being validated")
+    request: dict[str, Any] = Field(description="the validation request as submitted (solve part included)")
+    created: float
+    started: float | None = None
+    ended: float | None = None
+    attempts: int = 0
+    device: str | None = None
+    error: str | None = None
+    results: dict[str, Any] | None = None

@@ -1,0 +1,367 @@
+"""PyTorch networks for validation runs, built from any canonical contract graph.
+
+``build_model(graph, n_classes)`` turns a canonical :class:`~sigprop.engine.graph.NetworkGraph`
+into an ordinary ``torch.nn.Module`` (:class:`GraphModel`) that executes the graph node by node:
+
+=================  ==================================================================
+dense              ``nn.Linear(fan_in, units, bias)``
+conv               ``nn.Conv2d`` with the node's kernel and stride; padding ``'same'`` is
+                   ``padding='same'`` at stride 1 and the computed symmetric padding otherwise
+activation         a module for the node's ``fn`` (PyTorch's own for relu, leaky_relu, tanh,
+                   softplus, gelu, gelu_tanh, swish/silu, elu, selu, sigmoid, softsign;
+                   sigprop's ``TransformedActivation`` with default parameters for the rest,
+                   e.g. the sparsifying relu_tau, soft_threshold, crelu, cst)
+sum                ``NormalizedSum`` with the graph's weights (or plain ``x + f(x)``)
+concat             ``torch.cat(..., dim=1)``
+avg/max_pool       ``nn.AvgPool2d`` / ``nn.MaxPool2d``
+global_avg_pool    a mean over the spatial dims
+flatten            ``torch.flatten(x, 1)``
+dropout, identity  ``nn.Dropout(rate)``, ``nn.Identity()``
+=================  ==================================================================
+
+Module paths are the graph's node ids: an id ``block_group_0.block_0.conv_1`` is the submodule
+``conv_1`` of container ``block_0`` of container ``block_group_0``, so ``graph_from_module`` on the
+model gives back the graph's own ids for every weighted layer, activation and sum, and an answer
+solved for the graph applies to the model by id. Ids that cannot be module paths (characters such
+as ``:`` or ``/``, names of ``nn.Module`` attributes, names torch.fx gives to function calls) get
+the path ``m<canonical index>_<id with unsafe characters replaced>``; ``GraphModel.paths`` maps
+every node id to its path either way.
+
+:func:`build_solved` is the user-facing route: it extracts the model's graph with
+``sigprop.client.torch.graph_from_module``, checks it is the validated graph (same structure,
+shapes and sum weights), and applies the answer with ``sigprop.client.torch.apply``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from ..client.torch import ApplyReport, NormalizedSum, TransformedActivation, apply, graph_from_module
+from ..engine.graph import AFFINE, NetworkGraph, build_graph
+from ..errors import SigpropError
+from ..schemas.graph import Graph
+from ..schemas.solve import Solution
+
+__all__ = ["GraphModel", "build_model", "activation_module", "he_init", "build_solved", "Built",
+           "structure_digest", "RELU_FAMILY", "SPARSE_ACTIVATIONS"]
+
+RELU_FAMILY = ("relu", "leaky_relu", "relu_tau", "crelu", "soft_threshold", "cst")
+SPARSE_ACTIVATIONS = ("relu_tau", "soft_threshold", "crelu", "cst")
+
+_ALIASES = {"silu": "swish"}
+_TORCH_ACTIVATIONS = {
+    "relu": lambda: nn.ReLU(),
+    "leaky_relu": lambda: nn.LeakyReLU(0.01),
+    "tanh": lambda: nn.Tanh(),
+    "softplus": lambda: nn.Softplus(),
+    "gelu": lambda: nn.GELU(),
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "swish": lambda: nn.SiLU(),
+    "elu": lambda: nn.ELU(),
+    "selu": lambda: nn.SELU(),
+    "sigmoid": lambda: nn.Sigmoid(),
+    "softsign": lambda: nn.Softsign(),
+}
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_]+$")
+# names torch.fx gives the nodes GraphModel.forward creates outside modules (the input placeholder,
+# torch.cat, Tensor.mean, torch.flatten): graph_from_module ids those nodes by name, so a module
+# path equal to one of them would be renamed in the extracted graph
+_FX_NAMES = re.compile(r"^(x|cat|mean|flatten|output)(_\d+)?$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def activation_module(fn: str) -> nn.Module:
+    """A module computing the activation ``fn`` (the engine's names; 'silu' = 'swish')."""
+    name = _ALIASES.get(fn, fn)
+    if name in _TORCH_ACTIVATIONS:
+        return _TORCH_ACTIVATIONS[name]()
+    return TransformedActivation(name)  # raises unsupported_activation for an unknown name
+
+
+class _Container(nn.Module):
+    """Holds the modules of dotted ids (``block_0.conv_1``); never called itself."""
+
+    def forward(self, *args):  # pragma: no cover - containers are never called
+        raise RuntimeError("a GraphModel container is not callable")
+
+
+def _reserved(seg: str, top: bool) -> bool:
+    if top and (_FX_NAMES.match(seg) or seg.startswith("sigprop_")):
+        return True
+    return hasattr(torch.fx.GraphModule, seg) or seg in ("meta", "training", "graph", "code")
+
+
+class GraphModel(nn.Module):
+    """A contract graph as a ``torch.nn.Module`` (see the module docstring).
+
+    Attributes: ``paths`` (node id -> module path, for every node with a module), ``weighted``
+    (ids of dense/conv nodes, canonical order), ``activations`` and ``sums`` (ids),
+    ``input_shape`` (the graph's input shape) and ``n_classes``.
+    """
+
+    def __init__(self, graph: NetworkGraph, n_classes: int, *, activation: str | None = None,
+                 residual: str = "graph"):
+        super().__init__()
+        if residual not in ("graph", "plain"):
+            raise ValueError(f"residual must be 'graph' or 'plain', not {residual!r}")
+        # own attributes first: a node id equal to one of them then gets a fallback path
+        self.paths: dict[str, str] = {}
+        self.weighted: list[str] = []
+        self.activations: list[str] = []
+        self.sums: list[str] = []
+        self.n_classes = int(n_classes)
+        self._plan: list[tuple[int, str, Any, tuple[int, ...]]] = []
+
+        inputs = [nd for nd in graph.nodes if nd.op == "input"]
+        if len(inputs) != 1:
+            raise SigpropError("unsupported_op", f"the graph has {len(inputs)} input nodes",
+                               "a validation network takes one input: merge the inputs into one node")
+        self.input_shape = tuple(int(s) for s in inputs[0].shape)
+        out_shape = graph.nodes[graph.output].shape
+        if len(out_shape) != 1 or out_shape[0] != self.n_classes:
+            last = next((nd for nd in reversed(graph.nodes[: graph.output + 1]) if nd.kind == AFFINE), None)
+            what = (f"its last weighted layer '{last.user_id}' has {last.shape[0]} "
+                    f"{'units' if last.op == 'dense' else 'channels'}" if last is not None else "it has no weighted layer")
+            raise SigpropError(
+                "invalid_request",
+                f"the graph's output has shape {list(out_shape)} ({what}) but the dataset has {self.n_classes} classes",
+                f"end the graph with a dense layer of {self.n_classes} units: set the template's 'classes' to "
+                f"{self.n_classes}, or the last dense layer's 'units' to {self.n_classes}")
+        self._output = graph.output
+
+        for nd in graph.nodes:
+            ins = tuple(nd.inputs)
+            in_shape = graph.nodes[ins[0]].shape if ins else None
+            mod: nn.Module | None = None
+            kind = "module"
+            if nd.op == "input":
+                kind = "input"
+            elif nd.op == "dense":
+                mod = nn.Linear(int(in_shape[0]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
+                self.weighted.append(nd.user_id)
+            elif nd.op == "conv":
+                mod = nn.Conv2d(int(in_shape[0]), int(nd.attrs["channels"]), kernel_size=tuple(nd.attrs["kernel"]),
+                                stride=tuple(nd.attrs["stride"]),
+                                padding=_torch_padding(nd.user_id, nd.attrs, in_shape), bias=bool(nd.attrs["bias"]))
+                self.weighted.append(nd.user_id)
+            elif nd.op == "activation":
+                mod = activation_module(activation or nd.attrs["fn"])
+                self.activations.append(nd.user_id)
+            elif nd.op == "sum":
+                weights = [1.0] * len(ins) if residual == "plain" else list(nd.attrs["weights"])
+                mod = NormalizedSum(len(ins), weights)
+                kind = "sum"
+                self.sums.append(nd.user_id)
+            elif nd.op == "concat":
+                kind = "concat"
+            elif nd.op in ("avg_pool", "max_pool"):
+                cls = nn.AvgPool2d if nd.op == "avg_pool" else nn.MaxPool2d
+                mod = cls(kernel_size=tuple(nd.attrs["kernel"]), stride=tuple(nd.attrs["stride"]))
+            elif nd.op == "global_avg_pool":
+                kind = "global_avg_pool"
+            elif nd.op == "flatten":
+                kind = "flatten"
+            elif nd.op == "dropout":
+                mod = nn.Dropout(float(nd.attrs["rate"]))
+            elif nd.op == "identity":
+                mod = nn.Identity()
+            elif nd.op == "output":
+                kind = "pass"
+            else:  # pragma: no cover - build_graph admits no other op
+                raise SigpropError("unsupported_op", f"node '{nd.user_id}' has op {nd.op!r}", "")
+            if mod is not None:
+                self.paths[nd.user_id] = self._place(nd.index, nd.user_id, mod)
+            self._plan.append((nd.index, kind, mod, ins))
+
+    def _place(self, index: int, uid: str, mod: nn.Module) -> str:
+        segs = uid.split(".")
+        ok = all(_SEGMENT.match(s) for s in segs) and not _reserved(segs[0], top=True) \
+            and not any(_reserved(s, top=False) for s in segs[1:])
+        if ok:
+            parent: nn.Module = self
+            for s in segs[:-1]:
+                child = parent._modules.get(s)
+                if child is None:
+                    if hasattr(parent, s):
+                        ok = False
+                        break
+                    child = _Container()
+                    parent.add_module(s, child)
+                elif not isinstance(child, _Container):
+                    ok = False  # the prefix is itself a layer's id
+                    break
+                parent = child
+            if ok and segs[-1] not in parent._modules and not hasattr(parent, segs[-1]):
+                parent.add_module(segs[-1], mod)
+                return uid
+        path = f"m{index}_{_UNSAFE.sub('_', uid)}"[:120]
+        self.add_module(path, mod)
+        return path
+
+    def module_of(self, node_id: str) -> nn.Module:
+        return self.get_submodule(self.paths[node_id])
+
+    def forward(self, x):
+        vals: dict[int, Any] = {}
+        for idx, kind, mod, ins in self._plan:
+            if kind == "input":
+                v = x
+            elif kind == "module":
+                v = mod(vals[ins[0]])
+            elif kind == "sum":
+                v = mod(*[vals[i] for i in ins])
+            elif kind == "concat":
+                v = torch.cat([vals[i] for i in ins], dim=1)
+            elif kind == "global_avg_pool":
+                v = vals[ins[0]].mean((2, 3))
+            elif kind == "flatten":
+                v = torch.flatten(vals[ins[0]], 1)
+            else:  # output
+                v = vals[ins[0]]
+            vals[idx] = v
+        return vals[self._output]
+
+
+def _torch_padding(nid: str, attrs: dict, in_shape) -> Any:
+    padding = attrs["padding"]
+    kernel, stride = attrs["kernel"], attrs["stride"]
+    if padding == "valid":
+        return 0
+    if not isinstance(padding, str):
+        return int(padding)
+    if list(stride) == [1, 1]:
+        return "same"
+    pads = []
+    for k, s, n in zip(kernel, stride, in_shape[1:]):
+        out = math.ceil(n / s)
+        total = max((out - 1) * s + k - n, 0)
+        for p in (total // 2, (total + 1) // 2):
+            if (n + 2 * p - k) // s + 1 == out:
+                pads.append(p)
+                break
+        else:
+            raise SigpropError("unsupported_op", f"conv node '{nid}' (kernel {kernel}, stride {stride}, padding 'same') "
+                               f"needs asymmetric padding on a {list(in_shape[1:])} map, which nn.Conv2d cannot do",
+                               "use an odd kernel, stride 1, or an integer padding")
+    return tuple(pads)
+
+
+def build_model(graph: NetworkGraph, n_classes: int, *, activation: str | None = None,
+                residual: str = "graph") -> GraphModel:
+    """A ``GraphModel`` executing ``graph``; its output must have ``n_classes`` units.
+
+    ``activation`` replaces every node's ``fn`` (the He baseline uses 'relu'); ``residual='plain'``
+    makes every sum an unnormalized ``x + f(x)`` instead of the graph's weighted sum. Parameters
+    have PyTorch's default initialization (seed with ``torch.manual_seed`` first).
+    """
+    return GraphModel(graph, n_classes, activation=activation, residual=residual)
+
+
+def he_init(model: GraphModel) -> None:
+    """Kaiming-normal weights (fan_in, ReLU gain) and zero biases on every dense and conv layer."""
+    with torch.no_grad():
+        for nid in model.weighted:
+            m = model.module_of(nid)
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+            if m.bias is not None:
+                m.bias.zero_()
+
+
+# -- the graph a model extracts to, compared with the graph it was built from ---------------------
+
+def structure_digest(graph: NetworkGraph) -> str:
+    """A digest of the graph's structure that is independent of node ids, of the order of sum
+    inputs, and of the few spellings ``graph_from_module`` normalizes: conv ``padding`` (the
+    output shape is compared instead), a ``flatten`` of a vector (an identity), activation
+    functions (a solve replaces them all), and a 2-d input shape ``[a, b]`` (``[a, b, 1]``)."""
+
+    def shape(s) -> list[int]:
+        s = [int(v) for v in s]
+        return s + [1] if len(s) == 2 else s
+
+    h: list[str] = []
+    for nd in graph.nodes:
+        op, attrs = nd.op, dict(nd.attrs)
+        ins = [h[i] for i in nd.inputs]
+        if op == "activation":
+            attrs = {}
+        elif op == "conv":
+            attrs.pop("padding", None)
+        elif op == "flatten" and len(graph.nodes[nd.inputs[0]].shape) == 1:
+            op = "identity"
+        elif op == "input":
+            attrs = {"shape": shape(nd.shape)}
+        elif op == "sum":
+            ins = sorted(zip(ins, (round(float(w), 9) for w in attrs.pop("weights"))))
+        payload = json.dumps([op, attrs, shape(nd.shape), ins], sort_keys=True, default=str)
+        h.append(hashlib.sha256(payload.encode()).hexdigest())
+    return h[graph.output]
+
+
+@dataclass
+class Built:
+    """A solved network ready to train, and how it was made."""
+
+    model: nn.Module  # the GraphModule apply returned
+    paths: dict[str, str]  # graph node id -> module path in ``model``
+    weighted: list[str]
+    activations: list[str]
+    report: ApplyReport
+    extracted_graph: dict  # what graph_from_module gave for the untransformed model
+    solution: Solution  # the answer as applied (layer ids translated to module paths)
+    notes: list[str] = field(default_factory=list)
+
+
+def _translate(solution: Solution, graph: NetworkGraph, paths: dict[str, str]) -> tuple[Solution, list[str]]:
+    """The answer with its layer and residual-sum ids replaced by the model's module paths.
+
+    A layer is matched by its canonical node index (``LayerInit.node``) when that node is a
+    weighted layer of ``graph`` (so an answer stored under another graph's ids with the same key
+    still applies), else by id."""
+    sol = solution.model_copy(deep=True)
+    notes: list[str] = []
+    for layer in sol.layers:
+        nd = graph.nodes[layer.node] if 0 <= layer.node < graph.n else None
+        uid = nd.user_id if nd is not None and nd.op == layer.op else layer.id
+        if uid != layer.id:
+            notes.append(f"answer layer '{layer.id}' matched to graph node '{uid}' by its canonical index {layer.node}")
+        layer.id = paths.get(uid, uid)
+    rb = sol.trainable.residual_beta if sol.trainable is not None else None
+    if rb is not None:
+        rb.sums = [paths.get(s, s) for s in rb.sums]
+    return sol, notes
+
+
+def build_solved(graph: NetworkGraph, solution: Solution, n_classes: int, example_input: torch.Tensor, *,
+                 seed: int | None = None) -> Built:
+    """``solution`` applied to the graph's network the way a user does it.
+
+    Builds the ``GraphModel`` (activations from the graph), extracts its graph with
+    ``graph_from_module``, checks the extracted graph has the structure of ``graph``, and calls
+    ``apply(model, solution, graph=<extracted>, example_input=...)``.
+    """
+    base = build_model(graph, n_classes)
+    extracted = graph_from_module(base, example_input)
+    ext_net = build_graph(Graph.model_validate(extracted), default_activation=solution.activation)
+    if structure_digest(ext_net) != structure_digest(graph):
+        raise RuntimeError("the graph extracted from the validation model differs from the validated graph "
+                           f"({ext_net.n} vs {graph.n} nodes); this is a bug in sigprop.worker.models")
+    sol, notes = _translate(solution, graph, base.paths)
+    report = apply(base, sol, graph=extracted, example_input=example_input, seed=seed)
+    if report.missing_layers:
+        raise SigpropError("invalid_request",
+                           f"the answer's layer(s) {', '.join(report.missing_layers[:5])} do not match the graph's "
+                           "weighted layers", "validate an answer solved for this graph: "
+                           + "; ".join(report.warnings[:3]))
+    return Built(report.model, dict(base.paths), list(base.weighted), list(base.activations), report, extracted, sol,
+                 notes)
