@@ -689,37 +689,23 @@ def _extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: 
     def data_args(node) -> list:
         out: list = []
 
-        def visit(a):
-            if isinstance(a, torch.fx.Node):
-                if a in shapes:
-                    out.append(a)
-                elif a in tuple_src:
-                    out.extend(x for x in tuple_src[a] if x not in out)
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    visit(b)
-            elif isinstance(a, dict):
-                for b in a.values():
-                    visit(b)
-        visit(node.args)
-        visit(node.kwargs)
+        def visit(a):  # map_arg walks args and kwargs, nested lists, tuples and dicts included
+            if a in shapes:
+                out.append(a)
+            elif a in tuple_src:
+                out.extend(x for x in tuple_src[a] if x not in out)
+            return a
+        torch.fx.node.map_arg((node.args, node.kwargs), visit)
         return out
 
     def depends_on_data(node) -> bool:
         found = []
 
         def visit(a):
-            if isinstance(a, torch.fx.Node):
-                if a in shapes or a.meta.get("_sigprop_data"):
-                    found.append(a)
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    visit(b)
-            elif isinstance(a, dict):
-                for b in a.values():
-                    visit(b)
-        visit(node.args)
-        visit(node.kwargs)
+            if a in shapes or a.meta.get("_sigprop_data"):
+                found.append(a)
+            return a
+        torch.fx.node.map_arg((node.args, node.kwargs), visit)
         return bool(found)
 
     out_node = None
