@@ -54,7 +54,6 @@ from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 
-import sigprop  # noqa: E402
 from sigprop.engine.templates import expand_template  # noqa: E402
 from sigprop.schemas.graph import Template  # noqa: E402
 
@@ -432,33 +431,19 @@ def check(server: Server, body: dict, expect_cached: bool | None, what: str) -> 
 
 # ---------------------------------------------------------------- formatting
 
-from report import fmt_t, table  # noqa: E402  (bench/ is the script's folder on sys.path)
+from report import fmt_t, machine, sigprop_state, table  # noqa: E402  (bench/ is the script's folder on sys.path)
 
 
 def environment(args) -> str:
-    try:
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "service", "schemas"], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=10).stdout.split("\n")
-        changed = [c[3:] for c in changed if c.strip()]
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        changed, head = [], "?"
     try:
         wrk_version = subprocess.run(["wrk", "--version"], capture_output=True, text=True, timeout=5).stdout.split()[1]
     except (OSError, subprocess.SubprocessError, IndexError):
         wrk_version = "?"
     from importlib.metadata import version
     libs = ", ".join(f"{p} {version(p)}" for p in ("fastapi", "uvicorn", "pydantic", "redis"))
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    src = Path(sigprop.__file__).parent
-    state = f"git {head}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else " (clean)")
-    if src.resolve() != (ROOT / "service").resolve():
-        state = f"sigprop imported from {src}"
-    return (f"python {platform.python_version()}, {libs}, wrk {wrk_version}; {platform.machine()} "
-            f"{os.cpu_count()} CPUs ({platform.processor() or platform.system()}), load average {load}; "
+    return (f"python {platform.python_version()}, {libs}, wrk {wrk_version}; {machine()}; "
             f"server: sigprop serve --workers {args.workers}, Redis {args.redis_url}; "
-            f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s; sigprop {state}")
+            f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s; {sigprop_state(ROOT)}")
 
 
 # ---------------------------------------------------------------- main

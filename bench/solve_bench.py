@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -40,7 +38,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
-import sigprop  # noqa: E402
 from sigprop.engine.solve import prepare, solve_prepared  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -245,31 +242,17 @@ def profile_case(case: Case, top: int = 14) -> str:
 
 # ---------------------------------------------------------------- formatting
 
-from report import fmt_t, table  # noqa: E402  (bench/ is the script's folder on sys.path)
+from report import fmt_t, machine, sigprop_state, table  # noqa: E402  (bench/ is the script's folder on sys.path)
 
 
 def environment() -> str:
     import scipy
-    try:
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "service", "schemas"], cwd=ROOT,
-                                 capture_output=True, text=True, timeout=10).stdout.split("\n")
-        changed = [c[3:] for c in changed if c.strip()]
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        changed, head = [], "?"
     dks_version = "not installed"
     if dks_at is not None:
         from importlib.metadata import version
         dks_version = version("dks")
-    src = Path(sigprop.__file__).parent
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    state = f"git {head}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else " (clean)")
-    if src.resolve() != (ROOT / "service").resolve():
-        state = f"sigprop imported from {src}"
     return (f"python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}, "
-            f"dks {dks_version}; {platform.machine()} {os.cpu_count()} CPUs "
-            f"({platform.processor() or platform.system()}), load average {load}; sigprop {state}")
+            f"dks {dks_version}; {machine()}; {sigprop_state(ROOT)}")
 
 
 # ---------------------------------------------------------------- main

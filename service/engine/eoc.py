@@ -44,8 +44,11 @@ def _moments(act: Activation, q: float):
 
 def variance_map(act: Activation, q, sigma_w2: float, sigma_b2: float):
     """V(q) = sigma_w^2 E[phi(sqrt(q) z)^2] + sigma_b^2 (equation 2 of the sparsity paper)."""
-    return np.array([sigma_w2 * float(_moments(act, float(qi))[1] @ _moments(act, float(qi))[2] ** 2) + sigma_b2
-                     for qi in np.atleast_1d(q)])
+    out = []
+    for qi in np.atleast_1d(q):
+        _, w, f, _, _ = _moments(act, float(qi))
+        out.append(sigma_w2 * float(w @ (f * f)) + sigma_b2)
+    return np.array(out)
 
 
 def solve_eoc(act: Activation, q_star: float = 1.0) -> EOCSolution:
