@@ -252,18 +252,22 @@ class RedisServer:
         _stop_group(self.proc)
 
 
-def start_redis(workdir: Path, port: int | None = None, timeout_s: float = 10.0) -> RedisServer:
-    """A private ``redis-server`` on a spare loopback port that keeps nothing on disk."""
+def start_redis(workdir: Path, port: int | None = None, timeout_s: float = 10.0, persist: bool = False) -> RedisServer:
+    """A private ``redis-server`` on a spare loopback port that keeps nothing on disk, or with
+    ``persist`` an append-only file in ``workdir`` synced on every write (as docker-compose runs
+    it), so a server killed and started again on the same ``workdir`` and port has every
+    acknowledged write."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed")
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = workdir / f"redis-{port}.log"
+    durability = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
     log = open(log_path, "ab")
     try:
         proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
+            [exe, "--port", str(port), "--bind", LOOPBACK, "--save", "", *durability,
              "--dir", str(workdir), "--daemonize", "no", "--logfile", ""],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:

@@ -30,6 +30,7 @@ What this subclass changes in RQ 3.0:
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import signal
@@ -45,6 +46,7 @@ from .queue import QUEUE_NAME, RedisValidationStore, reason_from_traceback
 log = logging.getLogger("sigprop")
 
 HEARTBEAT_SLACK_S = 5
+RESTART_DELAY_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -70,7 +72,16 @@ class SigpropWorker(Worker):
         self.cancel_grace_s = cancel_grace_s
         self.store = RedisValidationStore(self.connection)
         self._worker_pid = os.getpid()
+        self.stop_requested = False  # SIGTERM/SIGINT: tells run_worker not to start again
         self.push_exc_handler(self._on_exception)
+
+    def request_stop(self, signum, frame):
+        self.stop_requested = True
+        super().request_stop(signum, frame)
+
+    def request_force_stop(self, signum, frame):
+        self.stop_requested = True
+        super().request_force_stop(signum, frame)
 
     # -- timing -----------------------------------------------------------------------------------
     def get_heartbeat_ttl(self, job, working_time: float = 0.0) -> int:  # noqa: ARG002 - RQ's signature
@@ -146,8 +157,30 @@ class SigpropWorker(Worker):
             self.kill_horse()
 
 
+def _wait_for_redis(connection, max_wait_s: float = 5.0) -> None:
+    """Block until Redis answers. A worker started during an outage (or before Redis in a compose
+    stack) waits for it instead of exiting; once running, RQ's own loop rides out outages."""
+    import redis
+
+    wait = 0.2
+    while True:
+        try:
+            connection.ping()
+            return
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.warning("Redis is not reachable (%s); retrying in %.1f s", exc, wait)
+            time.sleep(wait)
+            wait = min(wait * 2, max_wait_s)
+
+
 def run_worker(settings, queues: list[str] | None = None, burst: bool = False, name: str | None = None) -> bool:
-    """Run a worker until stopped (or, with ``burst``, until the queues are empty)."""
+    """Run a worker until stopped (or, with ``burst``, until the queues are empty).
+
+    RQ's worker loop quits on an error it does not expect, and a Redis outage while a job runs is
+    one (its horse cannot store the outcome, then the parent cannot read the job's status). So a
+    worker that leaves its loop without being asked to stop waits for Redis and starts again as a
+    new RQ worker; the interrupted job's heartbeat lapses and maintenance retries it
+    (``SigpropWorker._on_exception``), so nothing accepted is lost."""
     import redis
 
     try:  # import torch once here, so each forked horse starts with it loaded (CUDA stays uninitialized)
@@ -155,8 +188,21 @@ def run_worker(settings, queues: list[str] | None = None, burst: bool = False, n
     except ImportError:
         pass
     connection = redis.Redis.from_url(settings.redis_url)
-    worker = SigpropWorker(queues or [settings.validation_queue or QUEUE_NAME], connection=connection, name=name,
-                           job_monitoring_interval=settings.worker_heartbeat_s,
-                           maintenance_interval=settings.worker_maintenance_s,
-                           cancel_grace_s=settings.validation_cancel_grace_s)
-    return worker.work(burst=burst, logging_level=settings.log_level)
+    for generation in itertools.count():
+        _wait_for_redis(connection)
+        worker = SigpropWorker(queues or [settings.validation_queue or QUEUE_NAME], connection=connection,
+                               name=name if name is None or generation == 0 else f"{name}-{generation}",
+                               job_monitoring_interval=settings.worker_heartbeat_s,
+                               maintenance_interval=settings.worker_maintenance_s,
+                               cancel_grace_s=settings.validation_cancel_grace_s)
+        try:
+            worked = worker.work(burst=burst, logging_level=settings.log_level)
+            if burst or worker.stop_requested:
+                return worked
+            log.warning("the worker left its loop on an error; starting again once Redis answers")
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            if worker.stop_requested:
+                return False
+            log.warning("the worker lost Redis (%s); starting again once Redis answers", exc)
+        time.sleep(RESTART_DELAY_S)
+    return False  # pragma: no cover - the loop only returns
