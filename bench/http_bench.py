@@ -230,7 +230,9 @@ class Server:
         # it one inside our temporary folder, removed with it.
         metrics_dir = log_path.parent / "metrics"
         metrics_dir.mkdir(exist_ok=True)
-        env = {**os.environ, "SIGPROP_REDIS_URL": redis_url, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        # wrk's connections all come from one address: the per-client cold-solve limit is off here
+        env = {**os.environ, "SIGPROP_REDIS_URL": redis_url, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+               "SIGPROP_RATE_LIMIT_COLD_SOLVES": "0"}
         exe = Path(sys.executable).with_name("sigprop")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "sigprop.cli"]
         self.proc = subprocess.Popen(cmd + ["serve", "--host", "127.0.0.1", "--port", str(self.port),

@@ -17,6 +17,8 @@ GRAPH_SCHEMA = "sigprop.graph/v1"
 # dotted names torch.fx gives, like "layer1.0.conv1") keeps them safe to echo anywhere.
 NodeId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/\[\]]+$")]
 PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
+# Activation names (the request's and a node's ``fn``): PyTorch-style identifiers.
+ActivationName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")]
 KernelSize = Union[Annotated[int, Field(ge=1, le=1024)], Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=2, max_length=2)]]
 
 
@@ -49,12 +51,13 @@ class ConvNode(_Node):
 
 class ActivationNode(_Node):
     op: Literal["activation"]
-    fn: str | None = Field(default=None, max_length=64, description="defaults to the request's activation")
+    fn: ActivationName | None = Field(default=None, description="defaults to the request's activation")
 
 
 class SumNode(_Node):
     op: Literal["sum"]
-    weights: list[float] | None = Field(default=None, description="sum of squares 1; omitted: 1/sqrt(n) each")
+    weights: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        default=None, max_length=4096, description="sum of squares 1; omitted: 1/sqrt(n) each")
 
     @field_validator("weights")
     @classmethod
@@ -82,7 +85,7 @@ class GlobalPoolNode(_Node):
 
 class DropoutNode(_Node):
     op: Literal["dropout"]
-    rate: float = Field(default=0.0, ge=0.0, lt=1.0)
+    rate: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
 
 
 class PassThroughNode(_Node):
@@ -119,7 +122,7 @@ class Template(BaseModel):
     input_shape: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=3)
     # resnet
     version: Literal[1, 2] | None = None
-    shortcut_weight: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    shortcut_weight: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     # densenet
     growth_rate: PositiveInt | None = None
     # cnn / densenet / resnet input and head

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .graph import Graph, Template
+from .graph import ActivationName, Graph, Template
 
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
@@ -51,7 +51,7 @@ class SolveRequest(BaseModel):
 
     graph: Union[Graph, Template]
     method: Method
-    activation: str = Field(min_length=1, max_length=64)
+    activation: ActivationName
     targets: Targets = Field(default_factory=Targets)
     init: Literal["orthogonal", "gaussian"] = Field(
         default="orthogonal",

@@ -19,7 +19,7 @@ class ValidationRequest(BaseModel):
 
     solve: SolveRequest | None = Field(default=None, description="a full /v1/solve request")
     key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(default=None, description="a stored solution's key")
-    dataset: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+    dataset: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_.\-/]+$")] = Field(
         default="digits", description="'digits' (scikit-learn's bundled set), 'synthetic' (teacher-student), or an .npz path on the worker")
     steps: Annotated[int, Field(ge=1, le=1_000_000)] = 200
     batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64

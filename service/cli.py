@@ -15,11 +15,10 @@ def _read_request(path: str):
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     except OSError as exc:
         raise SigpropError("invalid_request", f"cannot read {path}: {exc.strerror}", "give a path to a JSON file, or - for stdin") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SigpropError("invalid_request", f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                           "check the file with a JSON validator") from None
+    from .requests import load_json
+
+    # the parser the service uses: NaN, Infinity and numbers past a double's range are rejected too
+    return load_json(text, "check the file with a JSON validator", what="stdin" if path == "-" else path)
 
 
 def cmd_solve(args) -> int:
@@ -42,6 +41,18 @@ def cmd_serve(args) -> int:
     import tempfile
 
     import uvicorn
+    from pydantic import ValidationError
+
+    from .settings import Settings
+
+    try:  # refuse to start on settings that cannot work, with the reason, before uvicorn starts
+        Settings()
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            name = f"SIGPROP_{where.upper()}: " if where else ""
+            print(f"sigprop serve: invalid settings: {name}{err.get('msg')}", file=sys.stderr)
+        return 2
 
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each worker is a process: point prometheus_client at a shared folder so /metrics

@@ -30,12 +30,14 @@ HTTP_STATUS = {
 class SigpropError(Exception):
     """A request sigprop rejects, with a message saying what is wrong and a hint what to do."""
 
-    def __init__(self, code: str, message: str, hint: str = "", status: int | None = None):
+    def __init__(self, code: str, message: str, hint: str = "", status: int | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.hint = hint
         self.status = status if status is not None else HTTP_STATUS.get(code, 422)
+        self.headers = headers  # extra HTTP response headers (Retry-After, WWW-Authenticate)
 
     def to_dict(self) -> dict:
         return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}

@@ -5,11 +5,94 @@ Shared by the CLI and the HTTP app so both reject the same input with the same e
 
 from __future__ import annotations
 
+import json
+import math
+
 from pydantic import ValidationError
 
 from .errors import SigpropError
 from .schemas.graph import OPS
 from .schemas.solve import SolveRequest
+
+
+class _NonFinite(ValueError):
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+class _Marker:
+    """Stands for a non-finite number while locating it (second, slow parse of a rejected body)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _reject_constant(text: str):
+    raise _NonFinite(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise _NonFinite(text)
+    return value
+
+
+def _locate(text) -> tuple[tuple, str]:
+    """Path and spelling of the first non-finite number in a JSON text (which parses with markers)."""
+    data = json.loads(text, parse_constant=_Marker, parse_float=lambda t: _Marker(t) if not math.isfinite(float(t)) else 0.0)
+    stack: list[tuple[tuple, object]] = [((), data)]
+    while stack:  # iterative: nesting depth cannot overflow the interpreter's stack here
+        path, node = stack.pop()
+        if isinstance(node, _Marker):
+            return path, node.text
+        if isinstance(node, dict):
+            stack.extend((path + (k,), v) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((path + (i,), v) for i, v in reversed(list(enumerate(node))))
+    return (), "?"
+
+
+def load_json(text: bytes | str, hint: str, what: str = "the request body"):
+    """``json.loads`` for untrusted input, as every entry point (HTTP and CLI) uses it.
+
+    Rejects what Python's parser accepts beyond JSON: the constants ``NaN``, ``Infinity`` and
+    ``-Infinity``, and numbers too large for a float (``1e400`` would parse to infinity), with
+    ``invalid_target`` when they sit in the targets and ``invalid_request`` elsewhere. Nesting too
+    deep for the parser is invalid JSON, never a RecursionError.
+    """
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except _NonFinite:
+        pass
+    except (ValueError, RecursionError) as exc:
+        raise _not_json(exc, hint, what) from None
+    try:
+        path, spelling = _locate(text)
+    except (ValueError, RecursionError) as exc:  # invalid JSON further on, after the first non-finite number
+        raise _not_json(exc, hint, what) from None
+    where = _where(path)
+    message = f"{where}: {spelling} is not a finite number"
+    if path[:1] == ("targets",) or path[:2] == ("solve", "targets"):
+        raise SigpropError("invalid_target", message, _TARGET_HINT)
+    raise SigpropError("invalid_request", message,
+                       "JSON has no NaN or Infinity, and every number must be a finite double "
+                       "(magnitude below about 1.8e308); " + hint)
+
+
+def _not_json(exc: Exception, hint: str, what: str) -> SigpropError:
+    if isinstance(exc, json.JSONDecodeError):
+        detail = f": {exc.msg} at line {exc.lineno} column {exc.colno}"
+    elif isinstance(exc, RecursionError):
+        detail = ": it is nested too deeply"
+    else:  # e.g. not UTF-8, or an integer with more than 4300 digits
+        detail = f": {str(exc)[:200]}"
+    return SigpropError("invalid_request", f"{what} is not valid JSON{detail}", hint)
+
+
+_TARGET_HINT = "targets are finite numbers among eta, tau, zeta, sparsity, v_slope, q_star"
+SOLVE_HINT = "send a JSON object with graph, method, activation and targets"
 
 
 def _where(loc) -> str:
@@ -31,8 +114,11 @@ def error_from_validation(exc: ValidationError) -> SigpropError:
                             "a graph is {\"schema\": \"sigprop.graph/v1\", \"nodes\": [...]} or a template such as "
                             "{\"template\": \"mlp\", \"depth\": 50}; see the contract's op table for node attributes")
     if loc[:1] == ("targets",):
-        return SigpropError("invalid_target", f"{where}: {msg}{more}",
-                            "targets are finite numbers among eta, tau, zeta, sparsity, v_slope, q_star")
+        return SigpropError("invalid_target", f"{where}: {msg}{more}", _TARGET_HINT)
+    if loc[:1] == ("activation",):
+        return SigpropError("unsupported_activation", f"{where}: {msg}",
+                            "activation is a name such as leaky_relu, relu, tanh, softplus, gelu, swish "
+                            "(letters, digits and '_')")
     if loc[:1] == ("method",):
         return SigpropError("unsupported_method", f"{where}: {msg}", "method is one of tat, dks, eoc, sparse_eoc, geometric")
     return SigpropError("invalid_request", f"{where}: {msg}{more}",

@@ -1,8 +1,19 @@
-"""API keys for writes that cost or destroy. Keys are kept only as SHA-256 digests and compared
-in constant time; the contract's 401 (no key) and 403 (wrong key) errors."""
+"""API keys. Keys are kept only as SHA-256 digests and compared in constant time; the contract's
+401 (no key) and 403 (wrong key) errors.
+
+A key travels as ``Authorization: Bearer KEY`` or, for browsers (page loads cannot carry a Bearer
+header), as HTTP Basic ``Authorization: Basic base64(anything:KEY)``: the user name is ignored and
+the password is the key. A 401 on a ``/dashboard`` page (or ``/``, which redirects there) carries
+``WWW-Authenticate: Basic`` so the browser asks for it; API paths challenge with ``Bearer``.
+
+Keys always protect writes that cost or destroy (validations, deletes); with
+``SIGPROP_KEYS_FOR_READS`` they also protect ``POST /v1/solve`` and every read.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 
@@ -10,25 +21,85 @@ from fastapi import Request
 
 from ..errors import SigpropError
 
+BASIC_REALM = 'Basic realm="sigprop", charset="UTF-8"'
+BEARER_REALM = 'Bearer realm="sigprop"'
+BROWSER_PATHS = ("/dashboard",)
+_MALFORMED = object()
+
 
 def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+def presented_key(request: Request):
+    """The key the request carries: a str, None when there is no Authorization header, or
+    ``_MALFORMED`` for a header that is neither ``Bearer KEY`` nor Basic credentials with a password."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    scheme = scheme.lower()
+    if scheme == "bearer" and token:
+        return token
+    if scheme == "basic" and token:
+        try:
+            decoded = base64.b64decode(token, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):
+            return _MALFORMED
+        _user, colon, password = decoded.partition(":")
+        if colon and password:
+            return password
+    return _MALFORMED
+
+
 class KeyChecker:
+    """A FastAPI dependency: passes requests that carry one of ``keys_csv``, else 401/403."""
+
     def __init__(self, keys_csv: str):
         self._digests = [digest(k.strip()) for k in keys_csv.split(",") if k.strip()]
 
-    def __call__(self, request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise SigpropError("unauthorized", "this endpoint needs an API key",
-                               "send the header 'Authorization: Bearer <key>'")
-        given = digest(token.strip())
+    @property
+    def configured(self) -> bool:
+        return bool(self._digests)
+
+    def _matches(self, key: str) -> bool:
+        given = digest(key)
         ok = False
         for d in self._digests:  # no early exit: the time does not depend on which key matched
             ok |= hmac.compare_digest(given, d)
-        if not ok:
+        return ok
+
+    def valid_key_digest(self, request: Request) -> str | None:
+        """Hex SHA-256 of the request's key when it is one of ours, else None (never raises):
+        the identity rate limits count a keyed client by."""
+        key = presented_key(request)
+        if not isinstance(key, str) or not self._matches(key):
+            return None
+        return digest(key).hex()
+
+    async def __call__(self, request: Request) -> None:  # async: runs inline, not in a thread pool
+        key = presented_key(request)
+        path = request.url.path
+        browser = path == "/" or path.startswith(BROWSER_PATHS)  # "/" redirects to the dashboard
+        if not isinstance(key, str):
+            hint = ("sign in with any user name and an API key as the password" if browser else
+                    "send the header 'Authorization: Bearer <key>' (or HTTP Basic with the key as the password)")
+            raise SigpropError("unauthorized", "this endpoint needs an API key", hint,
+                               headers={"WWW-Authenticate": BASIC_REALM if browser else BEARER_REALM})
+        if not self._matches(key):
             raise SigpropError("forbidden", "the API key is not valid here",
                                "use a key listed in the server's SIGPROP_API_KEYS")
+
+
+async def open_access() -> None:
+    """The dependency for reads when SIGPROP_KEYS_FOR_READS is off: everyone may read."""
+
+
+def client_identity(request: Request, keys: KeyChecker) -> str:
+    """Who a rate limit counts this request against: its valid API key (by digest), else its address."""
+    keyed = keys.valid_key_digest(request)
+    if keyed is not None:
+        return f"key:{keyed[:32]}"
+    host = request.client.host if request.client is not None else "unknown"
+    return f"addr:{host}"

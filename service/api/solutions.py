@@ -12,11 +12,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from ..cache import CacheUnavailable, SolutionCache, answer_digest, new_record
 from ..engine.solve import personalize_json, prepare, solve_canonical
+from ..engine.templates import template_size
 from ..errors import SigpropError
-from ..requests import parse_solve_request
+from ..requests import SOLVE_HINT, load_json, parse_solve_request
+from ..schemas.graph import Template
 from .observability import CACHE, SOLVE_SECONDS
 
 log = logging.getLogger("sigprop")
@@ -42,13 +45,18 @@ class SolveOutcome:
 
 
 class SolutionService:
-    def __init__(self, cache: SolutionCache, max_nodes: int, lock_timeout_s: float, wait_timeout_s: float):
+    def __init__(self, cache: SolutionCache, max_nodes: int, lock_timeout_s: float, wait_timeout_s: float, *,
+                 max_depth: int = 10_000, max_fan_in: int = 1024, limit_cold: Callable[[str | None], None] | None = None):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
         self._memo: OrderedDict[bytes, _Parsed] = OrderedDict()
         self._memo_lock = threading.Lock()
         self.cache = cache
         self.max_nodes = max_nodes
+        self.max_depth = max_depth
+        self.max_fan_in = max_fan_in
+        # called with the client's identity right before a cold solve; raises rate_limited (429)
+        self.limit_cold = limit_cold
         self.lock_timeout_s = lock_timeout_s
         self.wait_timeout_s = wait_timeout_s
 
@@ -64,7 +72,9 @@ class SolutionService:
             return None
         return text
 
-    def solve(self, body: bytes) -> SolveOutcome:
+    def solve(self, body: bytes, client: str | None = None) -> SolveOutcome:
+        """The answer to a request body. ``client`` is who a cold solve is counted against by
+        ``limit_cold`` (None: not limited); cache hits are never counted."""
         digest = hashlib.sha256(body).digest()
         with self._memo_lock:
             parsed = self._memo.get(digest)
@@ -75,14 +85,15 @@ class SolutionService:
                 CACHE.labels("hit").inc()
                 return SolveOutcome(personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key)
 
-        data = _load_json(body)
+        data = load_json(body, SOLVE_HINT)
         request = parse_solve_request(data)
-        nodes = getattr(request.graph, "nodes", None)
-        if nodes is not None and len(nodes) > self.max_nodes:
-            raise _too_large(len(nodes), self.max_nodes)
+        self.check_size(request.graph)
         prep = prepare(request)
         if prep.graph.n > self.max_nodes:
             raise _too_large(prep.graph.n, self.max_nodes)
+        depth = prep.graph.depth()
+        if depth > self.max_depth:
+            raise _too_deep(depth, self.max_depth)
         parsed = _Parsed(prep.key, tuple(prep.ids), tuple(prep.graph.warnings))
         with self._memo_lock:
             self._memo[digest] = parsed
@@ -97,11 +108,32 @@ class SolutionService:
         else:
             if not notes:
                 CACHE.labels("miss").inc()
-            text, cached = self._solve_once(prep, data, notes)
+            text, cached = self._solve_once(prep, data, notes, client)
         answer = personalize_json(text, parsed.ids, parsed.graph_warnings + tuple(notes), cached=cached)
         return SolveOutcome(answer, cached, prep.key)
 
-    def _solve_once(self, prep, data, notes: list[str]) -> tuple[str, bool]:
+    def check_size(self, graph) -> None:
+        """Refuse a graph over the limits before any work on it: a hand-written graph's node count
+        and fan-ins, a template's size from its parameters alone (``graph_too_large``, 413)."""
+        if isinstance(graph, Template):
+            size = template_size(graph)
+            if size is None:
+                return  # invalid parameters: the expansion says why
+            nodes, depth, fan_in = size
+            if nodes > self.max_nodes:
+                raise _too_large(nodes, self.max_nodes, f"template '{graph.template}' expands to")
+            if depth > self.max_depth:
+                raise _too_deep(depth, self.max_depth, f"template '{graph.template}' expands to")
+            if fan_in > self.max_fan_in:
+                raise _fan_in(f"a concat of template '{graph.template}'", fan_in, self.max_fan_in)
+            return
+        if len(graph.nodes) > self.max_nodes:
+            raise _too_large(len(graph.nodes), self.max_nodes)
+        for nd in graph.nodes:
+            if nd.op in ("sum", "concat") and len(nd.inputs) > self.max_fan_in:
+                raise _fan_in(f"{nd.op} node '{nd.id}'", len(nd.inputs), self.max_fan_in)
+
+    def _solve_once(self, prep, data, notes: list[str], client: str | None = None) -> tuple[str, bool]:
         """Single flight: one solver per key across processes; the others read its answer."""
         token = None
         if not notes:  # the cache answered the lookup, so it can hold the lock too
@@ -127,6 +159,8 @@ class SolutionService:
                     break  # the other solver is stuck or slow: solve here too
                 time.sleep(_POLL_S)
         try:
+            if self.limit_cold is not None:
+                self.limit_cold(client)  # a cold solve from here on: count it (429 when over budget)
             start = time.perf_counter()
             canonical = solve_canonical(prep).to_json()
             SOLVE_SECONDS.labels(prep.request.method).observe(time.perf_counter() - start)
@@ -160,14 +194,17 @@ class SolutionService:
         return {"key": key, "deleted": True}
 
 
-def _load_json(body: bytes):
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        raise SigpropError("invalid_request", "the request body is not valid JSON",
-                           "send a JSON object with graph, method, activation and targets") from None
-
-
-def _too_large(n: int, limit: int) -> SigpropError:
-    return SigpropError("graph_too_large", f"the graph has {n} nodes, more than this service's limit of {limit}",
+def _too_large(n: int, limit: int, what: str = "the graph has") -> SigpropError:
+    return SigpropError("graph_too_large", f"{what} {n} nodes, more than this service's limit of {limit}",
                         "split the network, use a smaller template depth, or raise SIGPROP_MAX_NODES on your own deployment")
+
+
+def _too_deep(depth: int, limit: int, what: str = "the graph has") -> SigpropError:
+    return SigpropError("graph_too_large",
+                        f"{what} {depth} nonlinear layers on its longest path, more than this service's limit of {limit}",
+                        "use a smaller depth, or raise SIGPROP_MAX_DEPTH on your own deployment")
+
+
+def _fan_in(what: str, n: int, limit: int) -> SigpropError:
+    return SigpropError("graph_too_large", f"{what} has {n} inputs, more than this service's limit of {limit}",
+                        "join the inputs in a tree of smaller sums or concats, or raise SIGPROP_MAX_FAN_IN on your own deployment")

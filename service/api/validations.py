@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..engine.templates import expand_template
 from ..errors import SigpropError
-from ..requests import parse_solve_request
+from ..requests import load_json, parse_solve_request
 from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse
 from ..schemas.validation import ValidationJob, ValidationRequest
@@ -40,8 +40,10 @@ from ..worker.queue import (ACTIVE, LocalRunner, RedisQueue, RedisValidationStor
 from .solutions import SolutionService
 
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)}
+LIMITED = {429: {"model": ErrorResponse, "description": "rate_limited: over the client's budget; see Retry-After",
+                 "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}}}
 DATASETS = ("digits", "synthetic")
-ValidationId = Annotated[str, PathParam(max_length=64)]
+ValidationId = Annotated[str, PathParam(max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class Accepted(BaseModel):
@@ -87,11 +89,7 @@ def _check_dataset(name: str) -> None:
 
 
 def _parse(body: bytes) -> tuple[dict, ValidationRequest]:
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise SigpropError("invalid_request", "the request body is not valid JSON",
-                           "send {\"solve\": <a /v1/solve request>} or {\"key\": \"<solution key>\"}, plus dataset and steps") from None
+    data = load_json(body, "send {\"solve\": <a /v1/solve request>} or {\"key\": \"<solution key>\"}, plus dataset and steps")
     if not isinstance(data, dict):
         raise SigpropError("invalid_request", "the request body must be a JSON object",
                            "send {\"solve\": <a /v1/solve request>} or {\"key\": \"<solution key>\"}, plus dataset and steps")
@@ -128,12 +126,13 @@ class Validations:
         except (redis.RedisError, sqlite3.Error, OSError) as exc:
             raise _unavailable(exc) from None
 
-    def prepare(self, body: bytes) -> tuple[str, dict, dict]:
+    def prepare(self, body: bytes, client: str | None = None) -> tuple[str, dict, dict]:
         """Validate and resolve a submission: (solution key, request as stored, job payload). Solving
-        happens here; nothing is created, so a solve that times out leaves no job behind."""
+        happens here; nothing is created, so a solve that times out leaves no job behind. A cold
+        solve counts against ``client``'s cold-solve budget like one from POST /v1/solve."""
         data, req = _parse(body)
         if req.solve is not None:
-            outcome = self.solutions.solve(json.dumps(data["solve"], separators=(",", ":")).encode())
+            outcome = self.solutions.solve(json.dumps(data["solve"], separators=(",", ":")).encode(), client)
             key, answer, graph = outcome.key, json.loads(outcome.body), _wire_graph(req.solve)
         else:
             record = self.solutions.get(req.key)  # not_found when there is no such solution
@@ -176,6 +175,11 @@ class Validations:
         total, items = self._guard(self.store.list, offset, limit)
         return {"total": total, "offset": offset, "limit": limit, "items": items}
 
+    def list_for_key(self, key: str, limit: int = 50) -> dict:
+        """The validations of one stored solution, newest first (an index by solution key)."""
+        total, items = self._guard(self.store.list_for_key, key, limit)
+        return {"total": total, "key": key, "limit": limit, "items": items}
+
     def cancel(self, vid: str) -> tuple[int, dict]:
         before = self._guard(self.store.request_cancel, vid, time.time())
         if before is None:
@@ -201,17 +205,24 @@ def make_validations(settings, solutions: SolutionService) -> Validations:
     return Validations(store, runner, solutions, local=True)
 
 
-def validations_router(settings, solutions: SolutionService, require_key, run) -> tuple[APIRouter, Validations]:
+def validations_router(settings, solutions: SolutionService, require_key, run, *, limit=None,
+                       identify=None) -> tuple[APIRouter, Validations]:
     """The ``/v1/validations`` routes and the object behind them (``close()`` it on shutdown).
-    ``run(fn, *args)`` runs blocking work off the event loop (the app's thread pool)."""
+    ``run(fn, *args)`` runs blocking work off the event loop (the app's thread pool);
+    ``identify(request)`` names the client and ``limit(identity)`` counts a submission against its
+    budget (raises rate_limited), when given."""
     v = make_validations(settings, solutions)
     router = APIRouter(prefix="/v1/validations", tags=["validations"])
 
-    @router.post("", status_code=202, response_model=Accepted, responses=ERRORS, dependencies=[Depends(require_key)],
+    @router.post("", status_code=202, response_model=Accepted, responses={**ERRORS, **LIMITED},
+                 dependencies=[Depends(require_key)],
                  openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                      "schema": {"$ref": "#/components/schemas/ValidationRequest"}}}}})
     async def submit_validation(request: Request, response: Response):
-        prepared = await run(v.prepare, await request.body())
+        client = identify(request) if identify is not None else None
+        if limit is not None and limit.enabled:
+            await run(limit, client)  # the limiter may talk to Redis: off the event loop
+        prepared = await run(v.prepare, await request.body(), client)
         out = await run(v.submit, prepared)
         response.headers["Location"] = f"/v1/validations/{out['id']}"
         return out

@@ -435,6 +435,48 @@ def _densenet(t: Template) -> list[dict]:
 _EXPANDERS = {"mlp": _mlp, "cnn": _cnn, "resnet": _resnet, "densenet": _densenet}
 
 
+def template_size(t: Template) -> tuple[int, int, int] | None:
+    """(nodes, depth, largest fan-in) of the graph ``t`` expands to, computed from its parameters
+    alone (exactly, in microseconds), so a service can refuse an oversized template before building
+    it. ``depth`` counts nonlinear layers on the longest path, the fan-in is that of the widest
+    sum or concat (1 when there is none). None when the parameters are invalid or missing
+    (``expand_template`` says why)."""
+    name = t.template
+    if name in ("mlp", "cnn"):
+        if t.depth is None:
+            return None
+        if name == "mlp":
+            flatten = 1 if t.input_shape is not None and len(t.input_shape) == 3 else 0
+            return 2 * t.depth + 3 + flatten, t.depth, 1
+        return 2 * t.depth + 4, t.depth, 1
+    if name == "resnet":
+        cfg = RESNET_CONFIGS.get(t.depth) if t.depth is not None else None
+        if cfg is None:
+            return None
+        v2 = (t.version if t.version is not None else 2) == 2
+        shortcut = (t.shortcut_weight or 0.0) != 0.0
+        convs = 3 if cfg["bottleneck"] else 2
+        blocks = sum(cfg["blocks_per_group"])
+        projections = sum(1 for g in range(4) if cfg["use_projection"][g]) if shortcut else 0
+        per_block = 2 * convs + (1 if shortcut else 0)  # convs, activations (v1: convs - 1, then act_out)
+        stem = 3 if v2 else 4                             # input, initial_conv, (v1: initial_act), max_pool
+        head = 4 if v2 else 3                             # (v2: final_act), global_avg_pool, logits, output
+        return stem + blocks * per_block + projections + head, blocks * convs + 1, 2 if shortcut else 1
+    if name == "densenet":
+        depth = t.depth if t.depth is not None else 121
+        if depth in DENSENET_IMAGENET_CONFIGS:
+            blocks, imagenet = DENSENET_IMAGENET_CONFIGS[depth], True
+        elif depth >= 10 and (depth - 4) % 6 == 0:
+            n = (depth - 4) // 6
+            blocks, imagenet = (n, n, n), False
+        else:
+            return None
+        layers, stem = sum(blocks), (2 if imagenet else 0)
+        nodes = 2 + stem + 5 * layers + 3 * (len(blocks) - 1) + 4
+        return nodes, (1 if imagenet else 0) + 2 * layers + len(blocks), max(blocks) + 1
+    return None
+
+
 def expand_template(t: Template) -> Graph:
     """The node-by-node graph (schema ``sigprop.graph/v1``) of a template.
 

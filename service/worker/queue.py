@@ -5,10 +5,14 @@ A validation's state is one record (``status``, ``progress``, ``results``, ``dev
 without expiry in one of two stores:
 
 * Redis (``SIGPROP_REDIS_URL`` set): the hash ``sigprop:val:{id}`` and the sorted set
-  ``sigprop:validations`` (id by creation time) that ``GET /v1/validations`` pages through. Jobs go
+  ``sigprop:validations`` (id by creation time) that ``GET /v1/validations`` pages through, plus
+  one sorted set per solution, ``sigprop:validations:key:{solution key}``, that the dashboard's
+  solution page reads (``list_for_key``; validations stored before it existed are added to it
+  once per process). Jobs go
   through the RQ queue ``sigprop-validations``; ``sigprop worker`` processes run them (see
   ``worker.py`` for retries and the recovery of jobs whose worker died).
-* the embedded SQLite file (no Redis): the table ``validations`` next to the cached solutions, and
+* the embedded SQLite file (no Redis): the table ``validations`` (indexed by creation time and by
+  solution key) next to the cached solutions, and
   a thread pool inside the API process runs the jobs (:class:`LocalRunner`).
 
 Every status change is a conditional update (compare-and-set on ``status``), so a late writer
@@ -128,6 +132,9 @@ class ValidationStore:
     def create(self, vid: str, key: str, request: dict, created: float, owner: int | None = None) -> None: ...
     def get(self, vid: str) -> dict | None: ...
     def list(self, offset: int, limit: int) -> tuple[int, list[dict]]: ...
+    def list_for_key(self, key: str, limit: int) -> tuple[int, list[dict]]:
+        """The validations of solution ``key``, newest first (summaries, as ``list`` gives them)."""
+        ...
     def start(self, vid: str, device: str) -> int:
         """Mark an attempt started: returns its number (1, 2, ...), or 0 when the job must not run
         (cancelled, already final, or unknown; a pending cancel turns it ``cancelled`` here)."""
@@ -176,6 +183,8 @@ class ValidationStore:
 class RedisValidationStore(ValidationStore):
     backend = "redis"
     INDEX = "sigprop:validations"
+    # one sorted set per solution key (validation id by creation time), for list_for_key
+    KEY_INDEX = "sigprop:validations:key:"
 
     # KEYS[1] record; ARGV[1] comma-separated allowed statuses; ARGV[2] n pairs to set; then the
     # pairs; then fields to delete.
@@ -226,6 +235,7 @@ return h[1]
         pipe.hset(self.key(vid), mapping={"id": vid, "status": "queued", "key": key, "request": dumps(request),
                                           "created": repr(created), "attempts": 0, "progress": "{}"})
         pipe.zadd(self.INDEX, {vid: created})
+        pipe.zadd(self.KEY_INDEX + key, {vid: created})
         pipe.execute()
 
     @staticmethod
@@ -241,6 +251,9 @@ return h[1]
         pipe.zcard(self.INDEX)
         pipe.zrevrange(self.INDEX, offset, offset + limit - 1)
         total, ids = pipe.execute()
+        return total, self._summaries(ids)
+
+    def _summaries(self, ids) -> list[dict]:
         pipe = self.r.pipeline(transaction=False)
         for vid in ids:
             pipe.hmget(self.key(vid.decode()), *_SUMMARY_FIELDS)
@@ -249,7 +262,39 @@ return h[1]
             raw = {f: (v.decode() if v is not None else None) for f, v in zip(_SUMMARY_FIELDS, values)}
             if raw["status"]:
                 items.append(_decode(raw))
-        return total, items
+        return items
+
+    def list_for_key(self, key, limit):
+        self._index_by_key()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.KEY_INDEX + key)
+        pipe.zrevrange(self.KEY_INDEX + key, 0, limit - 1)
+        total, ids = pipe.execute()
+        return total, self._summaries(ids)
+
+    _indexed_by_key = False
+
+    def _index_by_key(self, chunk: int = 1000) -> None:
+        """Once per process: add validations created before the per-key index existed (or by an
+        older sigprop) to it. ZADD is idempotent, so concurrent runs do no harm."""
+        if self._indexed_by_key:
+            return
+        start = 0
+        while True:
+            rows = self.r.zrange(self.INDEX, start, start + chunk - 1, withscores=True)
+            if not rows:
+                break
+            pipe = self.r.pipeline(transaction=False)
+            for vid, _ in rows:
+                pipe.hget(self.key(vid.decode()), "key")
+            keys = pipe.execute()
+            pipe = self.r.pipeline(transaction=False)
+            for (vid, created), key in zip(rows, keys):
+                if key:
+                    pipe.zadd(self.KEY_INDEX + key.decode(), {vid: created})
+            pipe.execute()
+            start += chunk
+        self._indexed_by_key = True
 
     def start(self, vid, device):
         return int(self.r.eval(self._START, 1, self.key(vid), repr(time.time()), device))
@@ -295,6 +340,7 @@ class SqliteValidationStore(ValidationStore):
                 device TEXT, error TEXT, progress TEXT NOT NULL DEFAULT '{}', results TEXT,
                 cancel REAL, owner INTEGER);
             CREATE INDEX IF NOT EXISTS validations_created ON validations (created);
+            CREATE INDEX IF NOT EXISTS validations_key ON validations (key, created);
         """)
 
     def _db(self) -> sqlite3.Connection:
@@ -320,6 +366,13 @@ class SqliteValidationStore(ValidationStore):
         total = db.execute("SELECT COUNT(*) FROM validations").fetchone()[0]
         rows = db.execute(f"SELECT {', '.join(_SUMMARY_FIELDS)} FROM validations ORDER BY created DESC, rowid DESC "
                           "LIMIT ? OFFSET ?", (limit, offset)).fetchall()
+        return total, [_decode(dict(r)) for r in rows]
+
+    def list_for_key(self, key, limit):
+        db = self._db()
+        total = db.execute("SELECT COUNT(*) FROM validations WHERE key = ?", (key,)).fetchone()[0]
+        rows = db.execute(f"SELECT {', '.join(_SUMMARY_FIELDS)} FROM validations WHERE key = ? "
+                          "ORDER BY created DESC, rowid DESC LIMIT ?", (key, limit)).fetchall()
         return total, [_decode(dict(r)) for r in rows]
 
     def start(self, vid, device):
