@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -31,6 +32,30 @@ log = logging.getLogger("sigprop")
 
 def answer_digest(answer: str) -> str:
     return hashlib.sha256(answer.encode()).hexdigest()
+
+
+def summary_part(answer: str, name: str) -> dict | None:
+    """The flat object ``"name": {...}`` of a serialized answer (``targets``, ``graph_summary``),
+    parsed without parsing the whole answer (a large graph's answer is hundreds of KB).
+
+    A quote inside a JSON string is always escaped, so ``"name":{`` occurs only as a real key;
+    both objects hold numbers only, so the first ``}`` after it closes them. None if absent."""
+    start = answer.find(f'"{name}":{{')
+    if start < 0:
+        return None
+    start += len(name) + 3
+    end = answer.find("}", start)
+    try:
+        value = json.loads(answer[start:end + 1]) if end > 0 else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def summary_row(key: str, created, version, method, activation, hits, targets, graph_summary) -> dict:
+    """One solution summary as ``Record.summary()`` gives it, from separately read fields."""
+    return {"key": key, "created": float(created), "sigprop_version": version, "method": method,
+            "activation": activation, "targets": targets or {}, "graph_summary": graph_summary, "hits": int(hits or 0)}
 
 
 class CacheUnavailable(Exception):
@@ -81,6 +106,16 @@ class SolutionCache:
     def put(self, record: Record) -> None: ...
     def delete(self, key: str) -> bool: ...
     def list(self, offset: int, limit: int, method: str | None, activation: str | None) -> tuple[int, list[Record]]: ...
+    def list_summaries(self, offset: int, limit: int, method: str | None = None, activation: str | None = None,
+                       key_prefix: str | None = None) -> tuple[int, list[dict]]:
+        """Like ``list`` (newest first, total count), but summaries only (``Record.summary()``'s
+        fields), read without loading whole records, and optionally only keys starting with
+        ``key_prefix``. The dashboard's table; its pages stay fast with large answers."""
+        ...
+    def counts(self, field: str, names) -> dict[str, int]:
+        """How many stored solutions have each of ``names`` as ``field`` (``method`` or
+        ``activation``); names with none are left out. The dashboard's filter choices."""
+        ...
     def ping(self) -> bool: ...
     def acquire(self, key: str, ttl_s: float) -> str | None: ...
     def release(self, key: str, token: str) -> None: ...
@@ -172,6 +207,83 @@ class RedisSolutionCache(SolutionCache):
         records = [self.get(k, count_hit=False) for k in keys]
         return total, [r for r in records if r is not None]
 
+    # The summary fields of one record, with targets and graph_summary cut out of the answer
+    # inside Redis (as summary_part does), so a page of summaries never ships whole answers.
+    _SUMMARY = """
+local h = redis.call('hmget', KEYS[1], 'created', 'version', 'method', 'activation', 'hits', 'answer')
+if not h[1] then return false end
+local a = h[6] or ''
+local function part(name)
+  local s, e = string.find(a, '"' .. name .. '":{', 1, true)
+  if not s then return '' end
+  local close = string.find(a, '}', e, true)
+  if not close then return '' end
+  return string.sub(a, e, close)
+end
+return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), part('graph_summary')}
+"""
+
+    def _index_sets(self, method, activation) -> list[str]:
+        sets = [self._k("index", "method", method)] if method else [self._k("index")]
+        if activation:
+            sets.append(self._k("index", "activation", activation))
+        return sets
+
+    def _page_keys(self, offset, limit, method, activation, key_prefix) -> tuple[int, list[bytes]]:
+        sets = self._index_sets(method, activation)
+        if not key_prefix and len(sets) == 1:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.zcard(sets[0])
+            pipe.zrevrange(sets[0], offset, offset + limit - 1)
+            total, keys = pipe.execute()
+            return total, keys
+        if key_prefix and len(key_prefix) >= 64 and len(sets) == 1:  # a whole key: one lookup
+            found = self.r.zscore(sets[0], key_prefix) is not None
+            return int(found), ([key_prefix.encode()] if found and offset == 0 else [])
+        if key_prefix:
+            # Redis matches the prefix while it scans the index (ZSCAN MATCH), so only the matches
+            # travel: a few milliseconds for 10,000 solutions. Keys are hashes, so a lexical index
+            # would help only this search, and not the newest-first order the page shows.
+            pattern = re.sub(r"([*?\[\]\\])", r"\\\1", key_prefix) + "*"
+            pairs = list(dict(self.r.zscan_iter(sets[0], match=pattern, count=10_000)).items())  # ZSCAN may repeat
+            if len(sets) > 1:
+                pipe = self.r.pipeline(transaction=False)
+                for k, _ in pairs:
+                    pipe.zscore(sets[1], k)
+                pairs = [kv for kv, found in zip(pairs, pipe.execute()) if found is not None]
+        else:  # both filters: the intersection of the two indexes, O(n) in Redis
+            pairs = self.r.zinter(sets, withscores=True)
+        pairs.sort(key=lambda kv: -kv[1])  # newest first
+        return len(pairs), [k for k, _ in pairs[offset:offset + limit]]
+
+    def list_summaries(self, offset, limit, method=None, activation=None, key_prefix=None):
+        def run():
+            total, keys = self._page_keys(offset, limit, method, activation, key_prefix)
+            script = self.r.register_script(self._SUMMARY)
+            pipe = self.r.pipeline(transaction=False)
+            for k in keys:
+                script(keys=[self._k("sol", k.decode())], client=pipe)
+            return total, list(zip(keys, pipe.execute())) if keys else []
+        total, rows = self._call(run)
+        items = []
+        for k, fields in rows:
+            if not fields:
+                continue  # deleted between the index read and the record read
+            created, version, method_, activation_, hits, targets, summary = (f.decode() for f in fields)
+            items.append(summary_row(k.decode(), created, version, method_, activation_, hits,
+                                     _flat(targets), _flat(summary)))
+        return total, items
+
+    def counts(self, field, names):
+        names = list(names)
+
+        def run():
+            pipe = self.r.pipeline(transaction=False)
+            for name in names:
+                pipe.zcard(self._k("index", field, name))
+            return pipe.execute()
+        return {name: n for name, n in zip(names, self._call(run)) if n}
+
     def ping(self):
         try:
             return bool(self.r.ping())
@@ -209,6 +321,8 @@ class SqliteSolutionCache(SolutionCache):
                     created REAL NOT NULL, version TEXT NOT NULL, method TEXT NOT NULL, activation TEXT NOT NULL,
                     hits INTEGER NOT NULL DEFAULT 0, digest TEXT NOT NULL DEFAULT '');
                 CREATE INDEX IF NOT EXISTS solutions_created ON solutions (created);
+                CREATE INDEX IF NOT EXISTS solutions_method_created ON solutions (method, created);
+                CREATE INDEX IF NOT EXISTS solutions_activation_created ON solutions (activation, created);
                 CREATE TABLE IF NOT EXISTS locks (key TEXT PRIMARY KEY, token TEXT NOT NULL, expires REAL NOT NULL);
             """)
 
@@ -265,6 +379,30 @@ class SqliteSolutionCache(SolutionCache):
                           args + [limit, offset]).fetchall()
         return total, [self._record(r) for r in rows]
 
+    def list_summaries(self, offset, limit, method=None, activation=None, key_prefix=None):
+        where, args = [], []
+        for column, value in (("method", method), ("activation", activation)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if key_prefix:  # a range on the primary key's index: every key that starts with the prefix
+            where.append("key >= ? AND key < ?")
+            args += [key_prefix, key_prefix + "\U0010ffff"]
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        db = self._db()
+        total = db.execute(f"SELECT COUNT(*) FROM solutions {clause}", args).fetchone()[0]
+        rows = db.execute(f"SELECT key, created, version, method, activation, hits, answer FROM solutions {clause} "
+                          "ORDER BY created DESC LIMIT ? OFFSET ?", args + [limit, offset]).fetchall()
+        return total, [summary_row(*row[:6], summary_part(row[6], "targets"), summary_part(row[6], "graph_summary"))
+                       for row in rows]
+
+    def counts(self, field, names):
+        if field not in ("method", "activation"):
+            raise ValueError(f"no counts by {field!r}")
+        wanted = set(names)
+        rows = self._db().execute(f"SELECT {field}, COUNT(*) FROM solutions GROUP BY {field}").fetchall()
+        return {name: n for name, n in rows if name in wanted}
+
     def ping(self):
         try:
             self._db().execute("SELECT 1").fetchone()
@@ -287,6 +425,17 @@ class SqliteSolutionCache(SolutionCache):
         if db is not None:
             db.close()
             self._local.db = None
+
+
+def _flat(fragment: str) -> dict | None:
+    """A ``{...}`` fragment cut out of an answer by ``RedisSolutionCache._SUMMARY``, parsed."""
+    if not fragment:
+        return None
+    try:
+        value = json.loads(fragment)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def make_cache(settings) -> SolutionCache:

@@ -28,6 +28,7 @@ from ..settings import Settings, get_settings
 from .auth import KeyChecker, client_identity, open_access
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, metrics_payload
 from .ratelimit import make_limits
+from .dashboard import dashboard_router
 from .solutions import SolutionService
 from .validations import validations_router
 
@@ -188,6 +189,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     validations_routes, validations = validations_router(settings, service, require_key, run,
                                                          limit=limit_validations, identify=identify)
     app.include_router(validations_routes, dependencies=[Depends(read_key)])
+    app.include_router(dashboard_router(settings, service, validations, dependencies=[Depends(read_key)]))
 
     @app.get("/healthz")
     async def healthz():

@@ -1,0 +1,299 @@
+"""The dashboard in a real browser: Debian's headless chromium driven by selenium through the
+system chromedriver, against a real `sigprop serve` on loopback (embedded SQLite backend, so
+validations run in the service's own local runner) with solutions made by POST /v1/solve.
+
+Screenshots go to test-artifacts/dashboard/ (git-ignored). Skipped only when chromium or
+chromedriver is not installed (`.ci/run` installs both from Debian).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sigprop.cache import SqliteSolutionCache
+from sigprop.worker.queue import SqliteValidationStore
+
+from .dashboard_fixtures import EVIL, EVIL_KEY, evil_record
+from .service_fixtures import start_service
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
+API_KEY = "dashboard-browser-key"
+WAIT_S = 20.0
+
+pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+                                reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
+                                       "/usr/bin/chromedriver): apt-get install chromium chromium-driver")
+
+SOLVES = {
+    "tat_lrelu": {"graph": {"template": "mlp", "depth": 20, "width": 64}, "method": "tat",
+                  "activation": "leaky_relu", "targets": {"eta": 0.9}},
+    "tat_softplus_resnet": {"graph": {"template": "resnet", "depth": 18, "shortcut_weight": 0.8}, "method": "tat",
+                            "activation": "softplus", "targets": {"tau": 0.3}},
+    "sparse": {"graph": {"template": "mlp", "depth": 10, "width": 64}, "method": "sparse_eoc", "activation": "crelu",
+               "targets": {"sparsity": 0.7, "v_slope": 0.7}},
+    "geometric": {"graph": {"template": "cnn", "depth": 8, "width": 16}, "method": "geometric", "activation": "relu"},
+}
+VALIDATION = {"solve": {"graph": {"template": "mlp", "depth": 4, "width": 16, "input_shape": [64], "classes": 10},
+                        "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.5}},
+              "dataset": "digits", "steps": 40, "batch_size": 32, "baselines": ["he", "eoc"]}
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dash-browser")
+    svc = start_service(tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"),
+                              "SIGPROP_API_KEYS": API_KEY})
+    svc.data_file = tmp / "data" / "solutions.sqlite3"
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def api(service):
+    with httpx.Client(base_url=service.base_url, timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def keys(service, api):
+    """Real cached solutions, and one planted record whose ids and activation carry a script tag."""
+    out = {}
+    for name, body in SOLVES.items():
+        r = api.post("/v1/solve", json=body)
+        assert r.status_code == 200, r.text
+        out[name] = r.json()["key"]
+    cache = SqliteSolutionCache(service.data_file)
+    try:
+        cache.put(evil_record())
+    finally:
+        cache.close()
+    out["evil"] = EVIL_KEY
+    return out
+
+
+@pytest.fixture(scope="module")
+def driver():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--no-first-run", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # The system chromedriver, named explicitly: selenium-manager never looks for (or downloads) one.
+    drv = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    drv.set_page_load_timeout(30)
+    yield drv
+    drv.quit()
+
+
+@pytest.fixture(autouse=True)
+def fresh_console(driver):
+    """Each test sees only its own console messages (chromium's log is read destructively)."""
+    driver.get_log("browser")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def wait_for(driver, condition, what: str, timeout_s: float = WAIT_S):
+    """``condition(driver)`` once truthy; elements that vanish in a reload meanwhile are retried."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout_s, poll_frequency=0.05,
+                             ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(condition)
+    except Exception as exc:
+        screenshot(driver, f"failed-{re.sub(r'[^a-z0-9]+', '-', what.lower())[:40]}")
+        raise AssertionError(f"timed out waiting for {what} on {driver.current_url}") from exc
+
+
+def rendered_lines(driver, plot_id: str) -> list[str]:
+    """The `d` of every line plotly has drawn in a plot (a straight line is just "M..L.."), or []."""
+    paths = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(p => p.getAttribute('d') || '')",
+        f"#{plot_id} .scatterlayer .trace path.js-line")
+    return [d for d in paths if d.startswith("M") and "L" in d]
+
+
+def rendered_points(driver, plot_id: str) -> int:
+    return driver.execute_script("return document.querySelectorAll(arguments[0]).length",
+                                 f"#{plot_id} .scatterlayer .trace .points path")
+
+
+def diagram_nodes(driver) -> list[str]:
+    """The tooltips of the nodes of the server-drawn graph diagram."""
+    return driver.execute_script("return Array.from(document.querySelectorAll('#graph-svg .nodes path'))"
+                                 ".map(p => p.querySelector('title').textContent)")
+
+
+def screenshot(driver, name: str) -> Path:
+    """A PNG of the whole page (the window grown to the page's height, at most 5000 px)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return Math.min(5000, document.documentElement.scrollHeight"
+                                   " + window.outerHeight - window.innerHeight)")
+    driver.set_window_size(1400, max(800, height))
+    path = ARTIFACTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1000)
+    return path
+
+
+def assert_no_alert(driver) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        alert = driver.switch_to.alert
+    except NoAlertPresentException:
+        return
+    text = alert.text
+    alert.dismiss()
+    raise AssertionError(f"the page opened an alert: {text!r}")
+
+
+def severe_console_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+def test_list_then_solution_page_draws_the_c_map(service, keys, driver):
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{service.base_url}/dashboard")
+    links = {a.get_attribute("href").rsplit("/", 1)[1]
+             for a in driver.find_elements(By.CSS_SELECTOR, "table.solutions tbody a.key")}
+    assert set(keys.values()) <= links, links
+    screenshot(driver, "list")
+    driver.find_element(By.CSS_SELECTOR, f'a[href="/dashboard/solutions/{keys["tat_lrelu"]}"]').click()
+    wait_for(driver, lambda d: d.current_url.endswith(keys["tat_lrelu"]), "the solution page")
+    lines = wait_for(driver, lambda d: rendered_lines(d, "c-map"), "the C map")
+    assert len(lines) >= 3  # identity, the solved network, the untransformed (ReLU) network
+    assert len(diagram_nodes(driver)) == 43  # 20-layer MLP: input, 20 x (dense, activation), logits, output
+    assert "leaky_relu" in driver.find_element(By.TAG_NAME, "h1").text
+    assert not severe_console_errors(driver)
+    screenshot(driver, "solution-tat-leaky-relu")
+
+
+@pytest.mark.parametrize("name, plots", [("tat_softplus_resnet", ["c-map"]), ("sparse", ["c-map", "v-map"]),
+                                         ("geometric", ["gr-plot"])])
+def test_method_specific_plots(service, keys, driver, name, plots):
+    driver.get(f"{service.base_url}/dashboard/solutions/{keys[name]}")
+    for plot in plots:
+        wait_for(driver, lambda d: rendered_lines(d, plot) or rendered_points(d, plot),
+                 f"the {plot} plot")
+    assert diagram_nodes(driver)
+    assert not severe_console_errors(driver)
+    screenshot(driver, f"solution-{name.replace('_', '-')}")
+
+
+def test_solve_form_shows_errors_and_opens_the_new_solution(service, keys, driver, api):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(f"{service.base_url}/dashboard/new")
+    wait_for(driver, lambda d: d.find_element(By.ID, "solve-form").get_attribute("data-ready") == "1", "the form")
+    Select(driver.find_element(By.ID, "template")).select_by_value("mlp")
+
+    def fill(element_id: str, value) -> None:
+        box = driver.find_element(By.ID, element_id)
+        box.clear()
+        box.send_keys(str(value))
+
+    fill("param-depth", 3)
+    fill("param-width", 8)
+    Select(driver.find_element(By.ID, "method")).select_by_value("tat")
+    Select(driver.find_element(By.ID, "activation")).select_by_value("leaky_relu")
+    fill("target-eta", 0.99)  # unreachable on a 3-layer MLP: the contract's error, shown in the page
+    driver.find_element(By.ID, "submit").click()
+    box = wait_for(driver, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").is_displayed()
+                   else None, "the error message")
+    assert driver.find_element(By.ID, "error-code").text == "unreachable_target", box.text
+    assert driver.find_element(By.ID, "error-message").text
+    assert driver.find_element(By.ID, "error-hint").text
+    screenshot(driver, "form-error")
+
+    fill("target-eta", 0.5)
+    driver.find_element(By.ID, "submit").click()
+    wait_for(driver, lambda d: re.search(r"/dashboard/solutions/[0-9a-f]{64}$", d.current_url), "the new solution page")
+    key = driver.current_url.rsplit("/", 1)[1]
+    wait_for(driver, lambda d: rendered_lines(d, "c-map"), "the new C map")
+    answer = api.get(f"/v1/solutions/{key}").json()
+    assert answer["request"]["graph"] == {"template": "mlp", "depth": 3, "width": 8}
+    assert answer["answer"]["targets"] == {"eta": 0.5}
+    screenshot(driver, "form-new-solution")
+
+
+def test_escaped_record_opens_no_alert(service, keys, driver):
+    from selenium.webdriver.common.by import By
+
+    for path in (f"/dashboard?q={EVIL_KEY[:8]}", f"/dashboard/solutions/{EVIL_KEY}"):
+        driver.get(service.base_url + path)
+        time.sleep(0.5)  # give any injected script its chance to run
+        assert_no_alert(driver)
+        assert EVIL in driver.find_element(By.TAG_NAME, "main").text  # shown as text
+    assert any(title.startswith(EVIL) for title in diagram_nodes(driver))  # the id, as text
+    wait_for(driver, lambda d: rendered_lines(d, "c-map"), "the C map of the planted record")
+    assert_no_alert(driver)
+    screenshot(driver, "escaped-record")
+
+
+def test_validation_page_follows_a_real_run(service, keys, driver, api):
+    """A real (tiny) validation in the service's local runner: the page follows it live and shows
+    the curves once it has ended."""
+    from selenium.webdriver.common.by import By
+
+    r = api.post("/v1/validations", json=VALIDATION, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 202, r.text
+    vid = r.json()["id"]
+    driver.get(f"{service.base_url}/dashboard/validations/{vid}")
+    wait_for(driver, lambda d: "finished" in d.find_element(By.ID, "status").text, "the run to finish", timeout_s=60)
+    for plot in ("loss-plot", "accuracy-plot", "grad-plot", "c-values-plot"):
+        wait_for(driver, lambda d: rendered_lines(d, plot), f"the {plot}")
+    assert not severe_console_errors(driver)
+    screenshot(driver, "validation-finished")
+    # the solution page links it
+    key = api.get(f"/v1/validations/{vid}").json()["key"]
+    driver.get(f"{service.base_url}/dashboard/solutions/{key}")
+    assert driver.find_elements(By.CSS_SELECTOR, f'a[href="/dashboard/validations/{vid}"]')
+
+
+def test_validation_page_live_progress(service, keys, driver, api):
+    """Deterministic live updates: a running job planted in the store, its progress moved by the
+    test; the page's progress bar follows within a couple of seconds and the page reloads with the
+    results when the job finishes."""
+    from selenium.webdriver.common.by import By
+
+    store = SqliteValidationStore(service.data_file)
+    vid = "live" + "0" * 28
+    try:
+        store.create(vid, keys["tat_lrelu"], {"key": keys["tat_lrelu"], "dataset": "digits", "steps": 100,
+                                              "batch_size": 32, "baselines": []}, time.time())
+        assert store.start(vid, "cpu") == 1
+        store.set_progress(vid, {"step": 30, "total": 100, "run": "solved"})
+        driver.get(f"{service.base_url}/dashboard/validations/{vid}")
+        assert driver.find_element(By.ID, "progress").get_attribute("value") == "30"
+        store.set_progress(vid, {"step": 60, "total": 100, "run": "solved"})
+        wait_for(driver, lambda d: d.find_element(By.ID, "progress").get_attribute("value") == "60", "progress 60%",
+                 timeout_s=5)
+        assert "step 60 of 100" in driver.find_element(By.ID, "progress-text").text
+        screenshot(driver, "validation-running")
+        finished = [j for j in api.get("/v1/validations").json()["items"] if j["status"] == "finished"]
+        results = api.get(f"/v1/validations/{finished[0]['id']}").json()["results"] if finished else {"runs": {}}
+        assert store.finish(vid, results)
+        wait_for(driver, lambda d: "finished" in d.find_element(By.ID, "status").text
+                 and not d.find_elements(By.ID, "progress"), "the reload after the end", timeout_s=5)
+    finally:
+        store.close()
