@@ -63,9 +63,10 @@ COLD = {"graph": {"template": "mlp", "depth": 100, "width": 512}, "method": "tat
         "targets": {"eta": ETA_MARK}}
 
 
-def lua_mixed(threads: int, cold_every: int, delay_ms: int) -> str:
-    """Request n (counted per thread, numbered across threads) is a cold solve when n is a
-    multiple of ``cold_every``, else hot request n mod 12. ``delay_ms`` > 0 paces each connection."""
+def lua_mixed(threads: int, cold_every: int, delay_ms: int, eta_base: float) -> str:
+    """Request n (counted per thread, numbered across threads) is a cold solve (eta = eta_base +
+    n * 1e-9: give each run its own base, so no run meets another's answers) when n is a multiple
+    of ``cold_every``, else hot request n mod 12. ``delay_ms`` > 0 paces each connection."""
     hot = ",\n".join(lua_str(json.dumps(r, separators=(",", ":"))) for r in HOT_SET)
     head, tail = json.dumps(COLD, separators=(",", ":")).split(f'"{ETA_MARK}"')
     return f"""
@@ -89,7 +90,7 @@ function request()
   counter = counter + 1
   local n = counter * threads + tid
   if n % {cold_every} == 0 then
-    return wrk.format("POST", nil, headers, head .. string.format("%.12f", 0.3 + n * 1e-9) .. tail)
+    return wrk.format("POST", nil, headers, head .. string.format("%.12f", {eta_base} + n * 1e-9) .. tail)
   end
   return wrk.format("POST", nil, headers, hot[(n % #hot) + 1])
 end
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=560.0, help="offered requests/s of the paced run")
     ap.add_argument("--connections", type=int, default=64, help="wrk connections")
     ap.add_argument("--threads", type=int, default=2, help="wrk threads")
-    ap.add_argument("--cold-every", type=int, default=10, help="one cold solve every this many requests")
+    ap.add_argument("--cold-every", type=int, default=20, help="one cold solve every this many requests")
     ap.add_argument("--workers", type=int, default=2, help="sigprop serve --workers")
     ap.add_argument("--timeout", type=int, default=5, help="wrk's per-request timeout, seconds")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/14", help="flushed before and after; loopback only")
@@ -137,17 +138,17 @@ def main(argv=None) -> int:
                 raise RuntimeError(f"could not solve a hot request: {status} {body}")
         url = server.base + "/v1/solve"
         guess = max(0, round(cycle_ms) - 5)
-        calib = run_wrk(url, lua_mixed(args.threads, args.cold_every, guess), args, tmp, "calibration",
+        calib = run_wrk(url, lua_mixed(args.threads, args.cold_every, guess, 0.2), args, tmp, "calibration",
                         args.threads, args.connections, duration=CALIBRATION_S)
         latency_ms = max(0.0, args.connections * 1000.0 / max(calib.rps, 1.0) - guess)
         delay_ms = max(0, round(cycle_ms - latency_ms))
         print(f"  calibration ({CALIBRATION_S} s, {guess} ms delay): {calib.rps:.0f} requests/s, "
               f"so {latency_ms:.1f} ms per answer; paced delay {delay_ms} ms", file=sys.stderr)
-        runs = [("paced", args.duration, delay_ms), ("saturating", SATURATING_S, 0)]
-        for name, duration, delay in runs:
+        runs = [("paced", args.duration, delay_ms, 0.3), ("saturating", SATURATING_S, 0, 0.4)]
+        for name, duration, delay, eta_base in runs:
             print(f"  {name} ({duration} s) ...", end="", flush=True, file=sys.stderr)
             before = cache_counts(server)
-            res = run_wrk(url, lua_mixed(args.threads, args.cold_every, delay), args, tmp, name, args.threads,
+            res = run_wrk(url, lua_mixed(args.threads, args.cold_every, delay, eta_base), args, tmp, name, args.threads,
                           args.connections, duration=duration)
             time.sleep(0.5)
             after = cache_counts(server)

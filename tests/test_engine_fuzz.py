@@ -59,18 +59,23 @@ def test_random_graphs_get_an_answer_or_a_clean_error(graph, method):
     assert ans.key and all(math.isfinite(v) for v in ans.c_map.global_) if ans.c_map else ans.key
 
 
-def test_very_deep_residual_network_solves_without_overflow():
-    """1,000 residual blocks: the finite-width Jacobian moments overflow a float; the answer
-    must still come back (without them), not crash."""
-    nodes = [{"id": "x", "op": "input", "shape": [16]}, {"id": "d", "op": "dense", "inputs": ["x"], "units": 16}]
+def residual_chain(blocks: int, width: int = 16) -> dict:
+    """A graph of ``blocks`` residual blocks x -> 0.8 x + 0.6 dense(act(x)), written node by node."""
+    nodes = [{"id": "x", "op": "input", "shape": [width]}, {"id": "d", "op": "dense", "inputs": ["x"], "units": width}]
     prev = "d"
-    for b in range(1000):
+    for b in range(blocks):
         nodes += [{"id": f"a{b}", "op": "activation", "inputs": [prev]},
-                  {"id": f"l{b}", "op": "dense", "inputs": [f"a{b}"], "units": 16},
+                  {"id": f"l{b}", "op": "dense", "inputs": [f"a{b}"], "units": width},
                   {"id": f"s{b}", "op": "sum", "inputs": [prev, f"l{b}"], "weights": [0.8, 0.6]}]
         prev = f"s{b}"
     nodes.append({"id": "out", "op": "output", "inputs": [prev]})
-    ans = solve(parse_solve_request({"graph": {"nodes": nodes}, "method": "tat", "activation": "leaky_relu",
+    return {"nodes": nodes}
+
+
+def test_very_deep_residual_network_solves_without_overflow():
+    """1,000 residual blocks: the finite-width Jacobian moments overflow a float; the answer
+    must still come back (without them), not crash."""
+    ans = solve(parse_solve_request({"graph": residual_chain(1000), "method": "tat", "activation": "leaky_relu",
                                      "targets": {"eta": 0.9}}))
     assert abs(ans.c_f_0 - 0.9) < 1e-12
 

@@ -23,6 +23,7 @@ from sigprop.schemas.graph import Template
 
 from .inprocess import KEY_ONE, app_client, bearer, mlp, validation
 from .service_fixtures import assert_error
+from .test_engine_fuzz import residual_chain
 
 FAST_S = 1.0  # what the issue asks; the measured times are printed (-s) and are milliseconds
 SOLVE = "/v1/solve"
@@ -188,15 +189,7 @@ def test_default_limits_admit_the_deep_networks_sigprop_is_for(client):
                   {"template": "mlp", "depth": 10_000, "width": 8}):
         r, _ = timed(client, "POST", SOLVE, {**mlp(), "graph": graph, "targets": {"eta": 0.9}})
         assert r.status_code == 200, (graph, r.text[:300])
-    nodes = [{"id": "x", "op": "input", "shape": [16]}, {"id": "d", "op": "dense", "inputs": ["x"], "units": 16}]
-    prev = "d"
-    for b in range(1000):
-        nodes += [{"id": f"a{b}", "op": "activation", "inputs": [prev]},
-                  {"id": f"l{b}", "op": "dense", "inputs": [f"a{b}"], "units": 16},
-                  {"id": f"s{b}", "op": "sum", "inputs": [prev, f"l{b}"], "weights": [0.8, 0.6]}]
-        prev = f"s{b}"
-    nodes.append({"id": "out", "op": "output", "inputs": [prev]})
-    r, _ = timed(client, "POST", SOLVE, {**mlp(), "graph": {"nodes": nodes}, "targets": {"eta": 0.9}})
+    r, _ = timed(client, "POST", SOLVE, {**mlp(), "graph": residual_chain(1000), "targets": {"eta": 0.9}})
     assert r.status_code == 200, r.text[:300]
     assert r.json()["graph_summary"]["depth"] == 1000
 

@@ -192,6 +192,15 @@ def dashboard_router(settings, solutions: SolutionService, validations: Validati
         html = env.get_template(template).render(request_path=request.url.path, **context)
         return _respond(request, html.encode(), "text/html; charset=utf-8", status, PAGE_HEADERS)
 
+    def page_or_unreadable(request: Request, what: str, json_url: str, template: str, view, **context) -> Response:
+        """The page of a stored record, or, for a record of a shape no sigprop wrote (its view or
+        template raised), a page saying so with its raw JSON reachable: never a 500."""
+        try:
+            return page(request, template, view=view(), **context)
+        except Exception:  # noqa: BLE001
+            log.exception("dashboard: %s %s could not be shown", what, json_url)
+            return page(request, "unreadable.html", what=what, json_url=json_url)
+
     def not_found(request: Request, what: str) -> Response:
         return page(request, "not_found.html", 404, what=what)
 
@@ -238,11 +247,8 @@ def dashboard_router(settings, solutions: SolutionService, validations: Validati
             found = validations.list_for_key(key, VALIDATIONS_SHOWN)
         except SigpropError as exc:  # the validation store is down: the solution is still worth showing
             found = {"total": 0, "items": [], "error": exc.message}
-        try:
-            return page(request, "solution.html", view=views.solution_view(key, record), validations=found, plots=True)
-        except Exception:  # noqa: BLE001 - a record of a shape no sigprop wrote: say so, keep its JSON reachable
-            log.exception("dashboard: solution %s could not be shown", key)
-            return page(request, "unreadable.html", what="solution", json_url=f"/v1/solutions/{key}")
+        return page_or_unreadable(request, "solution", f"/v1/solutions/{key}", "solution.html",
+                                  lambda: views.solution_view(key, record), validations=found, plots=True)
 
     @router.get("/dashboard/validations/{vid}.json", dependencies=deps)
     def validation_progress(vid: str):
@@ -260,12 +266,8 @@ def dashboard_router(settings, solutions: SolutionService, validations: Validati
             if exc.code == "not_found":
                 return not_found(request, "validation")
             raise
-        try:
-            return page(request, "validation.html", view=views.validation_view(job), active=job.get("status") in ACTIVE,
-                        plots=True)
-        except Exception:  # noqa: BLE001 - results of a shape no trainer wrote: say so, keep their JSON reachable
-            log.exception("dashboard: validation %s could not be shown", vid)
-            return page(request, "unreadable.html", what="validation", json_url=f"/v1/validations/{vid}")
+        return page_or_unreadable(request, "validation", f"/v1/validations/{vid}", "validation.html",
+                                  lambda: views.validation_view(job), active=job.get("status") in ACTIVE, plots=True)
 
     @router.get("/dashboard/static/{digest}/{name}", dependencies=deps)
     def static_file(request: Request, digest: str, name: str):
