@@ -14,8 +14,9 @@ happen only where repeating the request cannot do harm:
   its request, and the service caches it, so sending it twice is harmless);
 - the service answered 503 (``solve_timeout``, ``cache_unavailable``): any call.
 
-Nothing else is retried: not read timeouts (a slow solve would only be started again), not 429,
-not other errors. When the retries run out, a connection error propagates as the ``httpx``
+Nothing else is retried: not read timeouts (a slow solve would only be started again), not 429
+(the caller decides whether to wait: the error's ``headers["Retry-After"]`` says how long), not
+other errors. When the retries run out, a connection error propagates as the ``httpx``
 exception it is, and a 503 raises ``SigpropError``. Every other answer outside 2xx raises
 ``SigpropError`` with the contract's ``code``, ``message``, ``hint`` and the HTTP ``status``
 (code ``http_error`` when the body is not the contract's ``{"error": {...}}`` shape).
@@ -104,8 +105,10 @@ def error_from_response(response: httpx.Response) -> SigpropError:
     if isinstance(err, dict) and isinstance(err.get("code"), str) and err["code"]:
         message = err.get("message")
         hint = err.get("hint")
+        # Retry-After (429 rate_limited, 503) stays readable: ``exc.headers["Retry-After"]``
+        kept = {k: response.headers[k] for k in ("Retry-After",) if k in response.headers}
         return SigpropError(err["code"], message if isinstance(message, str) else "",
-                            hint if isinstance(hint, str) else "", response.status_code)
+                            hint if isinstance(hint, str) else "", response.status_code, headers=kept or None)
     text = response.text.strip()
     request = response.request
     message = f"HTTP {response.status_code} {response.reason_phrase} from {request.method} {request.url}"

@@ -452,10 +452,12 @@ def test_503_after_the_last_retry_raises_sigprop_error(sleeps):
 
 def test_only_503_is_retried(sleeps):
     for status in (429, 500, 502, 422):
-        calls, handler = _flaky(1, status=status)
-        with Client("http://sigprop.test", transport=httpx.MockTransport(handler)) as c, pytest.raises(SigpropError):
-            c.health()
+        calls, handler = _flaky(1, status=status, headers={"Retry-After": "7"})
+        with Client("http://sigprop.test", transport=httpx.MockTransport(handler)) as c:
+            with pytest.raises(SigpropError) as exc:
+                c.health()
         assert len(calls) == 1, status
+        assert exc.value.headers == {"Retry-After": "7"}  # the caller can decide to wait
     assert sleeps == []
 
 
@@ -573,3 +575,21 @@ def test_client_imports_and_works_without_numpy_torch_jax_or_fastapi(service):
     assert "sigprop.client.http" in loaded
     assert not any(m.startswith(("sigprop.engine", "sigprop.api", "sigprop.cache", "sigprop.settings"))
                    for m in loaded), loaded
+
+
+def test_rate_limited_error_carries_retry_after(tmp_path):
+    """A real service with a cold-solve budget of one per minute: the second cold solve raises
+    rate_limited (not retried), and the error says how long to wait; a cache hit still answers."""
+    svc = start_service(tmp_path, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+                                   "SIGPROP_RATE_LIMIT_COLD_SOLVES": "1/minute"})
+    try:
+        with Client(svc.base_url) as c:
+            first = c.solve(mlp(3), "tat", "leaky_relu", {"eta": 0.5})
+            with pytest.raises(SigpropError) as exc:
+                c.solve(mlp(3), "tat", "leaky_relu", {"eta": 0.6})
+            assert (exc.value.code, exc.value.status) == ("rate_limited", 429)
+            assert 1 <= int(exc.value.headers["Retry-After"]) <= 60
+            assert exc.value.hint
+            assert c.solve(mlp(3), "tat", "leaky_relu", {"eta": 0.5}).key == first.key  # hits are never limited
+    finally:
+        svc.stop()
