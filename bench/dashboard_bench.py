@@ -53,10 +53,10 @@ from sigprop.cache import RedisSolutionCache, new_record  # noqa: E402
 from sigprop.engine.solve import prepare, solve_canonical  # noqa: E402
 from sigprop.requests import parse_solve_request  # noqa: E402
 from sigprop.worker.queue import RedisValidationStore  # noqa: E402
+from tests.dashboard_fixtures import CHROMEDRIVER, CHROMIUM, headless_chromium  # noqa: E402
 from tests.service_fixtures import start_redis, start_service  # noqa: E402
 
 GOAL_S = 0.300
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
 def mlp(depth, width=256, method="tat", activation="leaky_relu", targets=None):
@@ -185,18 +185,6 @@ def server_table(base: str, cases: list[tuple[str, str]], repeats: int) -> tuple
     return rows, slow
 
 
-def _browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-
-
 # responseEnd, loadEventEnd, and the marks dashboard.js sets when plotly has run and the plots are drawn
 TIMING = ("const n = performance.getEntriesByType('navigation')[0];"
           "const m = name => { const e = performance.getEntriesByName(name)[0]; return e ? e.startTime : null; };"
@@ -222,7 +210,7 @@ def browser_table(base: str, pages: list[tuple[str, str]], repeats: int) -> tupl
     for name, path in pages:
         cold, warm = [], []
         for _ in range(repeats):
-            driver = _browser()
+            driver = headless_chromium()
             try:
                 cold.append(_load(driver, base + path))
                 warm.append(_load(driver, base + path))

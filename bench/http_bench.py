@@ -93,6 +93,14 @@ def lua_fixed(body: dict) -> str:
 
 
 ETA_MARK = "__ETA__"
+# wrk calls setup() once per thread before the run: each thread gets its index as the global `tid`,
+# so request numbers (counter * threads + tid) are unique across threads.
+LUA_THREAD_IDS = """local next_id = 0
+function setup(thread)
+  thread:set("tid", next_id)
+  next_id = next_id + 1
+end
+"""
 
 
 def lua_cold(body: dict, threads: int) -> str:
@@ -101,12 +109,7 @@ def lua_cold(body: dict, threads: int) -> str:
     head, tail = text.split(f'"{ETA_MARK}"')
     return f"""
 local threads = {threads}
-local next_id = 0
-function setup(thread)
-  thread:set("tid", next_id)
-  next_id = next_id + 1
-end
-local head = {lua_str(head)}
+{LUA_THREAD_IDS}local head = {lua_str(head)}
 local tail = {lua_str(tail)}
 local counter = 0
 local headers = {{["Content-Type"] = "application/json"}}
@@ -126,12 +129,7 @@ def lua_new_bytes(body: dict, threads: int) -> str:
     assert text.startswith("{")
     return f"""
 local threads = {threads}
-local next_id = 0
-function setup(thread)
-  thread:set("tid", next_id)
-  next_id = next_id + 1
-end
-local rest = {lua_str(text[1:])}
+{LUA_THREAD_IDS}local rest = {lua_str(text[1:])}
 local counter = 0
 local headers = {{["Content-Type"] = "application/json"}}
 local function spaces(n)

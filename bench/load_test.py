@@ -37,7 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from http_bench import ETA_MARK, LOOPBACK, Server, _flush, cache_counts, http, lua_str, run_wrk  # noqa: E402
+from http_bench import (ETA_MARK, LOOPBACK, LUA_THREAD_IDS, Server, _flush, cache_counts, http,  # noqa: E402
+                        lua_str, run_wrk)
 from report import fmt_t, machine, sigprop_state, table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,12 +72,7 @@ def lua_mixed(threads: int, cold_every: int, delay_ms: int, eta_base: float) -> 
     head, tail = json.dumps(COLD, separators=(",", ":")).split(f'"{ETA_MARK}"')
     return f"""
 local threads = {threads}
-local next_id = 0
-function setup(thread)
-  thread:set("tid", next_id)
-  next_id = next_id + 1
-end
-local hot = {{
+{LUA_THREAD_IDS}local hot = {{
 {hot}
 }}
 local head = {lua_str(head)}

@@ -37,18 +37,23 @@ class ValidationRequest(BaseModel):
         return self
 
 
-class ValidationJob(BaseModel):
-    """What GET /v1/validations/{id} answers."""
+class ValidationSummary(BaseModel):
+    """One validation as GET /v1/validations lists it: its state, without request and results."""
 
     id: str
     status: JobStatus
     progress: dict[str, Any] = Field(default_factory=dict, description="{'step': s, 'total': n, 'run': name}")
     key: str = Field(description="the solution being validated")
-    request: dict[str, Any] = Field(description="the validation request as submitted (solve part included)")
     created: float
     started: float | None = None
     ended: float | None = None
     attempts: int = 0
     device: str | None = None
     error: str | None = None
+
+
+class ValidationJob(ValidationSummary):
+    """What GET /v1/validations/{id} answers."""
+
+    request: dict[str, Any] = Field(description="the validation request as submitted (solve part included)")
     results: dict[str, Any] | None = None

@@ -305,6 +305,15 @@ return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), 
         self.r.close()
 
 
+def connect_sqlite(path: str) -> sqlite3.Connection:
+    """A connection to the embedded store's file, shared by several threads' and processes'
+    connections: autocommit, WAL (readers never wait for the writer), a 10 s busy timeout."""
+    db = sqlite3.connect(path, timeout=10.0, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    return db
+
+
 class SqliteSolutionCache(SolutionCache):
     """The embedded default: one SQLite file under SIGPROP_DATA_DIR, safe across processes."""
 
@@ -329,10 +338,7 @@ class SqliteSolutionCache(SolutionCache):
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db = db
+            db = self._local.db = connect_sqlite(self.path)
         return db
 
     @staticmethod

@@ -1,13 +1,17 @@
-"""Helpers shared by the dashboard tests (tests/test_dashboard.py, tests/test_dashboard_browser.py)."""
+"""Helpers shared by the dashboard tests (tests/test_dashboard.py, tests/test_dashboard_browser.py)
+and bench/dashboard_bench.py."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sigprop.cache import Record, new_record
 from sigprop.engine.solve import prepare, solve_canonical
 from sigprop.requests import parse_solve_request
 
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
 EVIL = "<script>alert(1)</script>"
 EVIL_KEY = "e" * 64
 
@@ -32,3 +36,20 @@ def evil_record(key: str = EVIL_KEY) -> Record:
     request = dict(safe, graph={"schema": "sigprop.graph/v1", "nodes": evil_nodes}, activation=EVIL)
     ids = [EVIL if i == "d" else i for i in prep.ids]
     return new_record(key, canonical, json.dumps(request), ids, "tat", EVIL)
+
+
+def headless_chromium(console_log: bool = False):
+    """Debian's chromium, headless, driven by selenium through the system chromedriver (named
+    explicitly, so selenium-manager never looks for or downloads one). ``console_log`` keeps the
+    page's console messages readable with ``driver.get_log("browser")``."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--no-first-run", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    if console_log:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)

@@ -18,11 +18,9 @@ import pytest
 from sigprop.cache import SqliteSolutionCache
 from sigprop.worker.queue import SqliteValidationStore
 
-from .dashboard_fixtures import EVIL, EVIL_KEY, evil_record
+from .dashboard_fixtures import CHROMEDRIVER, CHROMIUM, EVIL, EVIL_KEY, evil_record, headless_chromium
 from .service_fixtures import start_service
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 API_KEY = "dashboard-browser-key"
@@ -83,17 +81,7 @@ def keys(service, api):
 
 @pytest.fixture(scope="module")
 def driver():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # The system chromedriver, named explicitly: selenium-manager never looks for (or downloads) one.
-    drv = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    drv = headless_chromium(console_log=True)
     drv.set_page_load_timeout(30)
     yield drv
     drv.quit()

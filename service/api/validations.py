@@ -34,7 +34,7 @@ from ..errors import SigpropError
 from ..requests import load_json, parse_solve_request
 from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse
-from ..schemas.validation import ValidationJob, ValidationRequest
+from ..schemas.validation import ValidationJob, ValidationRequest, ValidationSummary
 from ..worker.queue import (ACTIVE, LocalRunner, RedisQueue, RedisValidationStore, SqliteValidationStore,
                             ValidationStore)
 from .solutions import SolutionService
@@ -49,19 +49,6 @@ ValidationId = Annotated[str, PathParam(max_length=64, pattern=r"^[A-Za-z0-9_.-]
 class Accepted(BaseModel):
     id: str
     status: Literal["queued"] = "queued"
-
-
-class ValidationSummary(BaseModel):
-    id: str
-    status: str
-    key: str
-    created: float
-    started: float | None = None
-    ended: float | None = None
-    attempts: int = 0
-    device: str | None = None
-    error: str | None = None
-    progress: dict = {}
 
 
 class ValidationList(BaseModel):

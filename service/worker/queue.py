@@ -37,6 +37,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from ..cache import connect_sqlite
+
 log = logging.getLogger("sigprop")
 
 QUEUE_NAME = "sigprop-validations"
@@ -346,9 +348,7 @@ class SqliteValidationStore(ValidationStore):
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
+            db = connect_sqlite(self.path)
             db.row_factory = sqlite3.Row
             self._local.db = db
         return db
