@@ -25,7 +25,7 @@ from typing import Any, get_args
 from ..schemas.solve import Method, Solution
 
 METHODS: tuple[str, ...] = get_args(Method)
-MAX_DIAGRAM_NODES = 2000      # larger graphs: the diagram shows the input end, this many nodes
+MAX_DIAGRAM_NODES = 1000      # larger graphs: the diagram shows the input end, this many nodes
 MAX_UNTRANSFORMED_NODES = 2000  # larger graphs: the untransformed C map is not computed here
 MAX_LAYER_ROWS = 200          # rows of the per-layer initialization table; the JSON has them all
 # the diagram's geometry, in pixels: spacing between levels and rows (shrunk down to the minimum
