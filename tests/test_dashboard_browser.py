@@ -96,13 +96,16 @@ def fresh_console(driver):
 # -- helpers ------------------------------------------------------------------------------------
 
 def wait_for(driver, condition, what: str, timeout_s: float = WAIT_S):
-    """``condition(driver)`` once truthy; elements that vanish in a reload meanwhile are retried."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    """``condition(driver)`` once truthy; elements that vanish in a reload meanwhile are retried.
+    An element found just before a reload and read just after can also fail with chromedriver's
+    generic "Node with given id does not belong to the document" (a plain WebDriverException, no
+    subclass), so any driver error retries too: a real failure still ends in the timeout below."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
         return WebDriverWait(driver, timeout_s, poll_frequency=0.05,
-                             ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(condition)
+                             ignored_exceptions=(WebDriverException,)).until(condition)
     except Exception as exc:
         screenshot(driver, f"failed-{re.sub(r'[^a-z0-9]+', '-', what.lower())[:40]}")
         raise AssertionError(f"timed out waiting for {what} on {driver.current_url}") from exc
