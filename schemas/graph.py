@@ -7,9 +7,11 @@ form a valid DAG (cycles, dangling inputs, arity, one output, shapes) is checked
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .activations import ActivationName
 
 GRAPH_SCHEMA = "sigprop.graph/v1"
 
@@ -17,9 +19,10 @@ GRAPH_SCHEMA = "sigprop.graph/v1"
 # dotted names torch.fx gives, like "layer1.0.conv1") keeps them safe to echo anywhere.
 NodeId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/\[\]]+$")]
 PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
-# Activation names (the request's and a node's ``fn``): PyTorch-style identifiers.
-ActivationName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")]
-KernelSize = Union[Annotated[int, Field(ge=1, le=1024)], Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=2, max_length=2)]]
+KernelSize = (
+    Annotated[int, Field(ge=1, le=1024)]
+    | Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=2, max_length=2)]
+)
 
 
 class _Node(BaseModel):
@@ -45,7 +48,7 @@ class ConvNode(_Node):
     channels: PositiveInt
     kernel: KernelSize = 3
     stride: KernelSize = 1
-    padding: Union[Literal["same", "valid"], Annotated[int, Field(ge=0, le=1024)]] = "same"
+    padding: Literal["same", "valid"] | Annotated[int, Field(ge=0, le=1024)] = "same"
     bias: bool = True
 
 
@@ -57,7 +60,8 @@ class ActivationNode(_Node):
 class SumNode(_Node):
     op: Literal["sum"]
     weights: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
-        default=None, max_length=4096, description="sum of squares 1; omitted: 1/sqrt(n) each")
+        default=None, max_length=4096, description="sum of squares 1; omitted: 1/sqrt(n) each"
+    )
 
     @field_validator("weights")
     @classmethod
@@ -77,6 +81,9 @@ class PoolNode(_Node):
     op: Literal["avg_pool", "max_pool"]
     kernel: KernelSize = 2
     stride: KernelSize | None = None
+    padding: int = Field(
+        default=0, ge=0, le=64, description="zero padding on each side (PyTorch's padding); at most half the kernel"
+    )
 
 
 class GlobalPoolNode(_Node):
@@ -93,13 +100,34 @@ class PassThroughNode(_Node):
 
 
 Node = Annotated[
-    Union[InputNode, DenseNode, ConvNode, ActivationNode, SumNode, ConcatNode, PoolNode,
-          GlobalPoolNode, DropoutNode, PassThroughNode],
+    InputNode
+    | DenseNode
+    | ConvNode
+    | ActivationNode
+    | SumNode
+    | ConcatNode
+    | PoolNode
+    | GlobalPoolNode
+    | DropoutNode
+    | PassThroughNode,
     Field(discriminator="op"),
 ]
 
-OPS = ("input", "dense", "conv", "activation", "sum", "concat", "avg_pool", "max_pool",
-       "global_avg_pool", "flatten", "dropout", "identity", "output")
+OPS = (
+    "input",
+    "dense",
+    "conv",
+    "activation",
+    "sum",
+    "concat",
+    "avg_pool",
+    "max_pool",
+    "global_avg_pool",
+    "flatten",
+    "dropout",
+    "identity",
+    "output",
+)
 
 
 class Graph(BaseModel):

@@ -7,11 +7,12 @@ are omitted rather than sent as zero, so answers are serialized with ``exclude_n
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .graph import ActivationName, Graph, Template
+from .activations import ActivationName, canonical_name
+from .graph import Graph, Template
 
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
@@ -24,9 +25,16 @@ class Targets(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    eta: FiniteFloat | None = Field(default=None, description="TAT Leaky ReLU: maximal C_f(0) over subnetworks, in [0, 1)")
+    eta: FiniteFloat | None = Field(
+        default=None, description="TAT Leaky ReLU: maximal C_f(0) over subnetworks, in [0, 1)"
+    )
     tau: FiniteFloat | None = Field(default=None, description="TAT smooth: maximal C''_f(1) over subnetworks, > 0")
     zeta: FiniteFloat | None = Field(default=None, description="DKS: maximal C'_f(1) over subnetworks, > 1")
+    local_q_slope: FiniteFloat | None = Field(
+        default=None,
+        description="DKS: per-layer Q'(1), > 0 (default 1; dks's local_q_slope_target, used in the DKS paper's "
+        "ablations); ReLU has no degree of freedom for it and ignores it, as dks does",
+    )
     sparsity: FiniteFloat | None = Field(default=None, description="sparse EoC: fraction of zeros, in (0, 1)")
     v_slope: FiniteFloat | None = Field(default=None, description="sparse EoC (clipped kinds): V'(q*)")
     q_star: FiniteFloat | None = Field(default=None, description="fixed point of the variance map, > 0 (default 1)")
@@ -39,25 +47,38 @@ class TrainableOptions(BaseModel):
 
     negative_slope: bool = Field(default=False, description="TReLU with a trainable negative slope (section 2.1)")
     residual_beta: Literal["none", "global", "per_layer"] = Field(
-        default="none", description="residual sums as x + beta / sqrt(L) F(x) with a trainable beta (section 2.2)")
+        default="none", description="residual sums as x + beta / sqrt(L) F(x) with a trainable beta (section 2.2)"
+    )
     beta: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = Field(
-        default=0.5, description="initial beta (the paper's best, 0.5)")
+        default=0.5, description="initial beta (the paper's best, 0.5)"
+    )
     prune_fraction: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = Field(
-        default=0.1, description="blocks whose trained beta falls below this fraction of the largest can be replaced by the identity (effective depth)")
+        default=0.1,
+        description="blocks whose trained beta falls below this fraction of the largest can be replaced by the "
+        "identity (effective depth)",
+    )
 
 
 class SolveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    graph: Union[Graph, Template]
+    graph: Graph | Template
     method: Method
     activation: ActivationName
     targets: Targets = Field(default_factory=Targets)
     init: Literal["orthogonal", "gaussian"] = Field(
         default="orthogonal",
-        description="weight distribution: scale-corrected uniform orthogonal (Orthogonal Delta for convs) or Gaussian fan-in")
+        description="weight distribution: scale-corrected uniform orthogonal (Orthogonal Delta for convs) or Gaussian "
+        "fan-in",
+    )
     c_map_points: int = Field(default=33, ge=3, le=257, description="samples of the global C map on [-1, 1]")
     trainable: TrainableOptions | None = None
+    assumptions: Literal["strict", "warn"] = Field(
+        default="strict",
+        description="strict: a graph outside the kernel theory (an activation whose input holds post-activation "
+        "features, such as post-activation residual blocks) is refused with unsupported_structure; "
+        "warn: solve anyway, the answer's warnings naming the predictions that do not hold",
+    )
 
 
 class LayerInit(BaseModel):
@@ -70,15 +91,26 @@ class LayerInit(BaseModel):
     fan_out: int
     kernel: list[int] | None = None
     distribution: Literal["scaled_uniform_orthogonal", "orthogonal_delta", "gaussian"]
-    gain: float = Field(description="multiplier on an orthonormal matrix (SUO: max(sqrt(fan_out/fan_in), 1) * sqrt(sigma_w2)); for gaussian the standard deviation")
-    weight_variance: float = Field(description="per-entry variance of the weights, sigma_w2 / fan_in (effective fan-in for Delta)")
+    gain: float = Field(
+        description="multiplier on an orthonormal matrix (SUO: max(sqrt(fan_out/fan_in), 1) * sqrt(sigma_w2)); for "
+        "gaussian the standard deviation"
+    )
+    weight_variance: float = Field(
+        description="per-entry variance of the weights, sigma_w2 / fan_in (effective fan-in for Delta)"
+    )
     bias: Literal["zeros", "gaussian", "none"]
     bias_variance: float = 0.0
     # geometric (GR scaling paper): the layer output is multiplied by alpha; gamma is its
     # predicted GR scaling (equation 1), equal across layers when the scaling is balanced
-    alpha: float | None = Field(default=None, description="conditioning multiplier on the layer output (GR paper section 5, Appendix E)")
-    weight_second_moment: float | None = Field(default=None, description="E[(alpha W)^2] = c / sqrt(fan_in fan_out) (GR equation 7; / k^2 for convs, Remark 6)")
-    gamma: float | None = Field(default=None, description="predicted GR scaling of the layer (GR Proposition 3, equation 1)")
+    alpha: float | None = Field(
+        default=None, description="conditioning multiplier on the layer output (GR paper section 5, Appendix E)"
+    )
+    weight_second_moment: float | None = Field(
+        default=None, description="E[(alpha W)^2] = c / sqrt(fan_in fan_out) (GR equation 7; / k^2 for convs, Remark 6)"
+    )
+    gamma: float | None = Field(
+        default=None, description="predicted GR scaling of the layer (GR Proposition 3, equation 1)"
+    )
 
 
 class RootInfo(BaseModel):
@@ -108,8 +140,27 @@ class CMapSample(BaseModel):
     global_: list[float] = Field(alias="global")
     local: list[float]
     untransformed: list[float] | None = None
+    scope: Literal["example", "location"] | None = Field(
+        default=None,
+        description="example: the map of two whole inputs (dense networks); location: the map of two inputs at one "
+        "spatial location (Delta-initialized convolutions act on each location independently), with "
+        "pooling across locations treated as the identity",
+    )
 
     model_config = ConfigDict(populate_by_name=True)
+
+
+class AssumptionReport(BaseModel):
+    """Whether the graph is inside the kernel theory's family (TAT paper section 2.3)."""
+
+    mode: Literal["strict", "warn"]
+    holds: bool = Field(
+        description="every activation reads a Gaussian input (an affine output, or a normalized sum "
+        "or concatenation of affine outputs)"
+    )
+    violations: list[str] = Field(
+        default_factory=list, description="ids of the activations whose input is not Gaussian"
+    )
 
 
 class FixedPoint(BaseModel):
@@ -138,7 +189,9 @@ class JacobianSummary(BaseModel):
     var_exact: float | None = Field(default=None, description="exact var||J^k||^2 (vanilla networks)")
     growth_law: str
     recommended: dict[str, float] | None = Field(
-        default=None, description="residual: branch scale keeping L rho^(m/2) bounded for this depth and width; dense: alpha = 1")
+        default=None,
+        description="residual: branch scale keeping L rho^(m/2) bounded for this depth and width; dense: alpha = 1",
+    )
 
 
 class GraphSummary(BaseModel):
@@ -149,6 +202,33 @@ class GraphSummary(BaseModel):
     concats: int
     weighted: int
     subnetworks_considered: int
+
+
+class ActivationParams(BaseModel):
+    """One activation function's transformation in a graph that uses several (``Solution.activations``).
+
+    Every function is solved for the same local targets (dks's convention: they come from the
+    network's maximal function), so each gets its own parameters and the same local map values.
+    """
+
+    negative_slope: float | None = None
+    input_scale: float | None = None
+    input_shift: float | None = None
+    output_scale: float | None = None
+    output_shift: float | None = None
+    sigma_w2: float | None = Field(default=None, description="eoc: weight variance scale of the layers it feeds")
+    sigma_b2: float | None = Field(default=None, description="eoc: bias variance scale of the layers it feeds")
+    q_1: float | None = None
+    q_slope_1: float | None = None
+    local_c_0: float | None = None
+    local_c_slope_1: float | None = None
+    local_c_curv_1: float | None = None
+    chi_1: float | None = None
+
+    def transform(self) -> dict[str, float]:
+        """The parameters of phi_hat that are set (the keys ``Solution`` uses at its top level)."""
+        keys = ("negative_slope", "input_scale", "input_shift", "output_scale", "output_shift")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 class Solution(BaseModel):
@@ -166,6 +246,9 @@ class Solution(BaseModel):
     input_shift: float | None = None
     output_scale: float | None = None
     output_shift: float | None = None
+    # graphs whose activation nodes use several functions: one entry per function (canonical name);
+    # the top-level parameters are then those of the request's ``activation`` where the graph uses it
+    activations: dict[str, ActivationParams] | None = None
     # sparsifying activations
     tau: float | None = None
     m: float | None = None
@@ -190,19 +273,45 @@ class Solution(BaseModel):
     fixed_points: list[FixedPoint] | None = Field(default=None, description="fixed points of V on (0, 50 q*]")
     only_stable: bool | None = Field(default=None, description="q* is the only stable fixed point")
     jacobian_spectrum_variance: dict[str, float] | None = Field(
-        default=None, description="predicted variance of the input-output Jacobian's JJ^T spectrum, L (sigma_w2 - 1 - s_1), for gaussian and orthogonal weights")
+        default=None,
+        description="predicted variance of the input-output Jacobian's JJ^T spectrum, L (sigma_w2 - 1 - s_1), for "
+        "gaussian and orthogonal weights",
+    )
     v_map: VMapSample | None = None
     jacobian: JacobianSummary | None = None
     trainable: TrainableAnswer | None = None
-    input_second_moment: float | None = Field(default=None, description="geometric: recommended E[x0^2] of the network input (GR section 6.3)")
-    logits_scale: float | None = Field(default=None, description="geometric: multiplier on the network output (GR section 6.4)")
-    gamma_ratio: float | None = Field(default=None, description="geometric: max / min of the layers' gamma (1 = balanced)")
+    input_second_moment: float | None = Field(
+        default=None, description="geometric: recommended E[x0^2] of the network input (GR section 6.3)"
+    )
+    logits_scale: float | None = Field(
+        default=None, description="geometric: multiplier on the network output (GR section 6.4)"
+    )
+    gamma_ratio: float | None = Field(
+        default=None, description="geometric: max / min of the layers' gamma (1 = balanced)"
+    )
     root: RootInfo | None = None
+    subnetworks: str | None = Field(
+        default=None,
+        description="which subnetworks the maxima range over: 'single-entry single-exit' regions of the graph (the "
+        "convention of TAT Appendix B.5 and of dks), not every single-input single-output set of layers",
+    )
+    assumptions: AssumptionReport | None = None
     graph_summary: GraphSummary | None = None
     c_map: CMapSample | None = None
     layers: list[LayerInit] = Field(default_factory=list)
     cached: bool = False
     warnings: list[str] = Field(default_factory=list)
+
+    def for_function(self, fn: str) -> Solution:
+        """This answer as the adapters read it for an activation computing ``fn``: with the top-level
+        transformation replaced by ``activations[fn]`` when the graph used several functions, else
+        the answer itself (a single-function answer's top level describes every activation)."""
+        key = canonical_name(fn) or fn
+        per = (self.activations or {}).get(key)
+        if per is None:
+            return self
+        keys = ("negative_slope", "input_scale", "input_shift", "output_scale", "output_shift")
+        return self.model_copy(update={"activation": key, **{k: getattr(per, k) for k in keys}})
 
     def to_json(self) -> str:
         """The one serialization every surface (CLI, HTTP, cache) uses, so they are byte-identical."""

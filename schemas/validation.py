@@ -18,17 +18,27 @@ class ValidationRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     solve: SolveRequest | None = Field(default=None, description="a full /v1/solve request")
-    key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(default=None, description="a stored solution's key")
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        default=None, description="a stored solution's key"
+    )
     dataset: Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_.\-/]+$")] = Field(
-        default="digits", description="'digits' (scikit-learn's bundled set), 'synthetic' (teacher-student), or an .npz path on the worker")
+        default="digits",
+        description="'digits' (scikit-learn's bundled set), 'synthetic' (teacher-student), "
+        "or an .npz path on the worker",
+    )
     steps: Annotated[int, Field(ge=1, le=1_000_000)] = 200
     batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = Field(
-        default=None, description="learning rate (default: 0.002 for sgd with momentum 0.9, 3e-4 for adam)")
+        default=None, description="learning rate (default: 0.002 for sgd with momentum 0.9, 3e-4 for adam)"
+    )
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
-    baselines: list[Baseline] = Field(default_factory=lambda: ["he"], max_length=3,
-                                      description="trained side by side: 'he' (ReLU, Kaiming fan-in), 'eoc', 'plain' (untransformed activation, PyTorch default init)")
+    baselines: list[Baseline] = Field(
+        default_factory=lambda: ["he"],
+        max_length=3,
+        description="trained side by side: 'he' (ReLU, Kaiming fan-in), 'eoc', "
+        "'plain' (untransformed activation, PyTorch default init)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
