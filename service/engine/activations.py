@@ -7,8 +7,10 @@ up to ``|x| = 1e3`` and well beyond: exponentials only ever see ``-|x|``-type ar
 expressed through :func:`scipy.special.expit` / :func:`scipy.special.ndtr`), Gaussian densities
 are cut to exactly 0 before they would underflow, and ``sqrt(1 + x^2)`` is taken with ``hypot``.
 
-Names follow PyTorch (the wire contract): ``gelu`` is the exact erf form ``x * Phi(x)``,
-``gelu_tanh`` the tanh approximation, ``swish`` is ``x * sigmoid(x)`` (alias ``silu``).
+Names, parameters and their defaults, aliases, constants and families come from the activation
+catalogue, ``sigprop.schemas.activations``; this module holds the closed forms only. Names follow
+PyTorch (the wire contract): ``gelu`` is the exact erf form ``x * Phi(x)``, ``gelu_tanh`` the tanh
+approximation, ``swish`` is ``x * sigmoid(x)`` (alias ``silu``).
 
 The sparsifying activations follow Price et al., "Deep neural network initialization with
 sparsity inducing activations", equations (7)-(10):
@@ -36,36 +38,35 @@ Conventions for the non-smooth points:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.special import erf as _sp_erf
 from scipy.special import ndtr as _ndtr
 
-from sigprop.errors import SigpropError
+from ..errors import SigpropError
+from ..schemas.activations import (
+    ACTIVATION_ALIASES,
+    ACTIVATION_NAMES,
+    GELU_TANH_K,
+    PIECEWISE_LINEAR_ACTIVATIONS,
+    SELU_ALPHA,
+    SELU_LAMBDA,
+    SMOOTH_ACTIVATIONS,
+    activation_info,
+)
 
-__all__ = [
-    "Activation",
-    "ACTIVATION_NAMES",
-    "ACTIVATION_ALIASES",
-    "SMOOTH_ACTIVATIONS",
-    "PIECEWISE_LINEAR_ACTIVATIONS",
-    "SELU_LAMBDA",
-    "SELU_ALPHA",
-    "get_activation",
-    "transformed",
-]
+# fmt: off
+__all__ = ["Activation", "ACTIVATION_NAMES", "ACTIVATION_ALIASES", "SMOOTH_ACTIVATIONS", "PIECEWISE_LINEAR_ACTIVATIONS",
+           "SELU_LAMBDA", "SELU_ALPHA", "get_activation", "transformed"]
+# fmt: on
 
 ArrayFn = Callable[[np.ndarray], np.ndarray]
-
-SELU_LAMBDA = 1.0507009873554804934193349852946
-SELU_ALPHA = 1.6732632423543772848170429916717
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-_GELU_TANH_K = 0.044715
 
 # exp(-a) for a above this is below the smallest normal double: answer exactly 0 instead of
 # computing a subnormal (which would raise under np.errstate(under="raise")).
@@ -294,7 +295,7 @@ def _gelu():
 
 def _gelu_tanh():
     # 0.5 x (1 + tanh(u)) = x * sigmoid(2 u), u = sqrt(2/pi) (x + k x^3)
-    c, k = _SQRT_2_OVER_PI, _GELU_TANH_K
+    c, k = _SQRT_2_OVER_PI, GELU_TANH_K
 
     def parts(x):
         x2 = x * x
@@ -429,12 +430,11 @@ def _cst(tau: float, m: float):
 
 @dataclass(frozen=True)
 class _Spec:
+    """The closed forms of one catalogue activation; its name, parameters, defaults, description
+    and families are the catalogue's (``sigprop.schemas.activations``)."""
+
     factory: Callable[..., tuple[ArrayFn, ArrayFn, ArrayFn]]
-    defaults: dict
     kinks: Callable[..., tuple[float, ...]]
-    smooth: bool
-    positively_homogeneous: bool
-    description: str
     d1_continuous: Callable[..., bool] = lambda **_: True
 
 
@@ -446,65 +446,37 @@ def _zero_kink(**_):
     return (0.0,)
 
 
+def _jumps(**_):
+    return False
+
+
 _SPECS: dict[str, _Spec] = {
-    "tanh": _Spec(_tanh, {}, _no_kinks, True, False, "tanh(x)"),
-    "sigmoid": _Spec(_sigmoid, {}, _no_kinks, True, False, "1 / (1 + exp(-x))"),
-    "softplus": _Spec(_softplus, {}, _no_kinks, True, False,
-                      "log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|))"),
-    "erf": _Spec(_erf, {}, _no_kinks, True, False, "erf(x)"),
-    "atan": _Spec(_atan, {}, _no_kinks, True, False, "arctan(x)"),
-    "asinh": _Spec(_asinh, {}, _no_kinks, True, False, "arcsinh(x)"),
-    "softsign": _Spec(_softsign, {}, _zero_kink, True, False,
-                      "x / (1 + |x|) (phi'' jumps at 0)"),
-    "bentid": _Spec(_bentid, {}, _no_kinks, True, False, "(sqrt(x^2 + 1) - 1) / 2 + x"),
-    "swish": _Spec(_swish, {}, _no_kinks, True, False, "x * sigmoid(x) (SiLU)"),
-    "gelu": _Spec(_gelu, {}, _no_kinks, True, False,
-                  "x * Phi(x), Phi the standard normal CDF (exact GELU, torch.nn.GELU())"),
-    "gelu_tanh": _Spec(_gelu_tanh, {}, _no_kinks, True, False,
-                       "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) "
-                       "(torch.nn.GELU(approximate='tanh'))"),
-    "elu": _Spec(lambda alpha: _elu_family(alpha, 1.0), {"alpha": 1.0}, _zero_kink, True, False,
-                 "x for x > 0, alpha (exp(x) - 1) otherwise (phi'' jumps at 0)",
-                 d1_continuous=lambda alpha, **_: float(alpha) == 1.0),
-    "selu": _Spec(lambda: _elu_family(SELU_ALPHA, SELU_LAMBDA), {}, _zero_kink, True, False,
-                  "lambda (x for x > 0, alpha (exp(x) - 1) otherwise), lambda = 1.0507..., "
-                  "alpha = 1.6732... (phi' and phi'' jump at 0)",
-                  d1_continuous=lambda **_: False),
-    "relu": _Spec(_relu, {}, _zero_kink, False, True, "max(x, 0)",
-                  d1_continuous=lambda **_: False),
-    "leaky_relu": _Spec(_leaky_relu, {"negative_slope": 0.01}, _zero_kink, False, True,
-                        "x for x > 0, negative_slope * x otherwise",
-                        d1_continuous=lambda negative_slope, **_: float(negative_slope) == 1.0),
-    "relu_tau": _Spec(_relu_tau, {"tau": 1.0}, lambda tau: (float(tau),), False, False,
-                      "shifted ReLU: x - tau for x > tau, 0 otherwise (Price et al. eq. 7)",
-                      d1_continuous=lambda **_: False),
-    "soft_threshold": _Spec(_soft_threshold, {"tau": 1.0},
-                            lambda tau: (-float(tau), float(tau)), False, False,
-                            "x - sign(x) tau for |x| > tau, 0 otherwise (Price et al. eq. 8)",
-                            d1_continuous=lambda tau, **_: float(tau) == 0.0),
-    "crelu": _Spec(_crelu, {"tau": 1.0, "m": 1.0},
-                   lambda tau, m: (float(tau), float(tau) + float(m)), False, False,
-                   "clipped shifted ReLU: 0 for x < tau, x - tau up to x = tau + m, m above "
-                   "(Price et al. eq. 9)",
-                   d1_continuous=lambda **_: False),
-    "cst": _Spec(_cst, {"tau": 1.0, "m": 1.0},
-                 lambda tau, m: (-float(tau) - float(m), -float(tau), float(tau),
-                                 float(tau) + float(m)), False, False,
-                 "clipped soft threshold: 0 for |x| < tau, x - sign(x) tau up to |x| = tau + m, "
-                 "sign(x) m above (Price et al. eq. 10)",
-                 d1_continuous=lambda **_: False),
+    "tanh": _Spec(_tanh, _no_kinks),
+    "sigmoid": _Spec(_sigmoid, _no_kinks),
+    "softplus": _Spec(_softplus, _no_kinks),
+    "erf": _Spec(_erf, _no_kinks),
+    "atan": _Spec(_atan, _no_kinks),
+    "asinh": _Spec(_asinh, _no_kinks),
+    "softsign": _Spec(_softsign, _zero_kink),
+    "bentid": _Spec(_bentid, _no_kinks),
+    "swish": _Spec(_swish, _no_kinks),
+    "gelu": _Spec(_gelu, _no_kinks),
+    "gelu_tanh": _Spec(_gelu_tanh, _no_kinks),
+    "elu": _Spec(
+        lambda alpha: _elu_family(alpha, 1.0), _zero_kink, d1_continuous=lambda alpha, **_: float(alpha) == 1.0
+    ),
+    "selu": _Spec(lambda: _elu_family(SELU_ALPHA, SELU_LAMBDA), _zero_kink, _jumps),
+    "relu": _Spec(_relu, _zero_kink, _jumps),
+    "leaky_relu": _Spec(
+        _leaky_relu, _zero_kink, d1_continuous=lambda negative_slope, **_: float(negative_slope) == 1.0
+    ),
+    "relu_tau": _Spec(_relu_tau, lambda tau: (float(tau),), _jumps),
+    "soft_threshold": _Spec(
+        _soft_threshold, lambda tau: (-float(tau), float(tau)), d1_continuous=lambda tau, **_: float(tau) == 0.0
+    ),
+    "crelu": _Spec(_crelu, lambda tau, m: (float(tau), float(tau) + float(m)), _jumps),
+    "cst": _Spec(_cst, lambda tau, m: (-float(tau) - float(m), -float(tau), float(tau), float(tau) + float(m)), _jumps),
 }
-
-ACTIVATION_ALIASES: dict[str, str] = {"silu": "swish"}
-
-# every accepted name, aliases included, in a stable order
-ACTIVATION_NAMES: tuple[str, ...] = tuple(_SPECS) + tuple(ACTIVATION_ALIASES)
-SMOOTH_ACTIVATIONS: tuple[str, ...] = tuple(
-    n for n in ACTIVATION_NAMES if _SPECS[ACTIVATION_ALIASES.get(n, n)].smooth
-)
-PIECEWISE_LINEAR_ACTIVATIONS: tuple[str, ...] = tuple(
-    n for n in ACTIVATION_NAMES if not _SPECS[ACTIVATION_ALIASES.get(n, n)].smooth
-)
 
 
 def _finite_param(name: str, key: str, value) -> float:
@@ -525,16 +497,16 @@ def _finite_param(name: str, key: str, value) -> float:
     return v
 
 
-def _check_params(name: str, spec: _Spec, params: dict) -> dict:
-    unknown = sorted(k for k, v in params.items() if k not in spec.defaults and v is not None)
+def _check_params(name: str, defaults: Mapping[str, float], params: dict) -> dict:
+    unknown = sorted(k for k, v in params.items() if k not in defaults and v is not None)
     if unknown:
-        allowed = ", ".join(spec.defaults) or "none"
+        allowed = ", ".join(defaults) or "none"
         raise SigpropError(
             "invalid_request",
             f"activation {name!r} takes no parameter(s) {', '.join(unknown)}",
             f"parameters of {name!r}: {allowed}",
         )
-    out = dict(spec.defaults)
+    out = dict(defaults)
     for k, v in params.items():
         if v is not None:
             out[k] = _finite_param(name, k, v)
@@ -556,33 +528,28 @@ def _check_params(name: str, spec: _Spec, params: dict) -> dict:
 def get_activation(name: str, **params) -> Activation:
     """The activation called ``name`` (PyTorch naming), built with ``params``.
 
-    Parameters: ``leaky_relu``: ``negative_slope`` (0.01); ``elu``: ``alpha`` (1.0);
-    ``relu_tau``, ``soft_threshold``: ``tau`` (1.0); ``crelu``, ``cst``: ``tau`` (1.0), ``m``
-    (1.0). A parameter given as ``None`` takes its default.
+    The parameters each activation takes, and their defaults, are the catalogue's
+    (``sigprop.schemas.activations.CATALOGUE[name].defaults``: ``negative_slope`` of
+    ``leaky_relu``, ``alpha`` of ``elu``, ``tau`` and ``m`` of the sparsifying ones). A parameter
+    given as ``None`` takes its default.
 
     Raises :class:`SigpropError` ``unsupported_activation`` for an unknown name and
     ``invalid_request`` for an unknown or invalid parameter.
     """
-    key = ACTIVATION_ALIASES.get(name, name) if isinstance(name, str) else None
-    spec = _SPECS.get(key) if key is not None else None
-    if spec is None:
-        raise SigpropError(
-            "unsupported_activation",
-            f"unknown activation {name!r}",
-            "supported activations: " + ", ".join(ACTIVATION_NAMES),
-        )
-    p = _check_params(key, spec, params)
+    info = activation_info(name)
+    spec = _SPECS[info.name]
+    p = _check_params(info.name, info.defaults, params)
     fn, d1, d2 = spec.factory(**p)
     kinks = tuple(sorted(set(float(k) for k in spec.kinks(**p))))
     return Activation(
-        name=key,
+        name=info.name,
         fn=fn,
         d1=d1,
         d2=d2,
         kinks=kinks,
-        smooth=spec.smooth,
-        positively_homogeneous=spec.positively_homogeneous,
-        description=spec.description,
+        smooth=info.smooth,
+        positively_homogeneous=info.positively_homogeneous,
+        description=info.description,
         params=tuple(sorted(p.items())),
         d1_continuous=bool(spec.d1_continuous(**p)),
     )
@@ -617,16 +584,13 @@ def transformed(
         return (c * a * a) * ddphi(a * _arr(x) + b)
 
     kinks = () if a == 0.0 else tuple(sorted(set((k - b) / a for k in act.kinks)))
-    return Activation(
-        name=act.name,
+    return replace(
+        act,
         fn=fn,
         d1=d1,
         d2=d2,
         kinks=kinks,
-        smooth=act.smooth,
         positively_homogeneous=act.positively_homogeneous and b == 0.0 and d == 0.0,
-        description=f"{c!r} * ({act.name}({a!r} * x + {b!r}) + {d!r}); {act.name}: "
-        f"{act.description}",
-        params=act.params,
+        description=f"{c!r} * ({act.name}({a!r} * x + {b!r}) + {d!r}); {act.name}: {act.description}",
         d1_continuous=act.d1_continuous or a == 0.0,
     )

@@ -3,13 +3,15 @@
 The maximal slope function mu_f^1(C'(1)) = M_{f, r_1}(1) with r_1(x) = C'(1) x is a polynomial in
 C'(1) with non-negative coefficients, increasing on [1, inf), so the per-layer slope that makes
 mu_f^1 = zeta is found by a bracketing root finder. The local conditions are then
-Q(1) = 1, Q'(1) = 1, C(0) = 0 and C'(1) = that slope (Table 1, DKS column).
+Q(1) = 1, Q'(1) = 1 (or the optional per-layer target ``local_q_slope``, dks's
+``local_q_slope_target``), C(0) = 0 and C'(1) = that slope (Table 1, DKS column).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import scipy.optimize as sp_opt
 
 from ..errors import SigpropError
@@ -25,19 +27,28 @@ def max_slope(program: SubnetworkProgram, local_slope: float) -> float:
 
 def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
     if not zeta > 1.0:
-        raise SigpropError("invalid_target", f"zeta = {zeta} must be greater than 1",
-                           "zeta is the maximal C'_f(1); DKS uses a modest value above 1 such as 1.5")
+        raise SigpropError(
+            "invalid_target",
+            f"zeta = {zeta} must be greater than 1",
+            "zeta is the maximal C'_f(1); DKS uses a modest value above 1 such as 1.5",
+        )
     if not max_slope(program, 2.0) > 1.0 + 1e-9:  # sums of squared weights round to 1 +- 1 ulp
-        raise SigpropError("unreachable_target", "the network has no nonlinear layer that reaches the output, so "
-                           "C'_f(1) = 1 for any zeta", "add activation nodes to the graph")
+        raise SigpropError(
+            "unreachable_target",
+            "the network has no nonlinear layer that reaches the output, so C'_f(1) = 1 for any zeta",
+            "add activation nodes to the graph",
+        )
     hi = 2.0
     for _ in range(64):  # mu_f^1 grows at least linearly in the local slope, so 2^64 brackets any zeta
         if max_slope(program, hi) >= zeta:
             break
         hi *= 2.0
     else:
-        raise SigpropError("unreachable_target", f"no per-layer slope reaches a maximal C'_f(1) of {zeta}",
-                           "use a smaller zeta, or check that the graph's nonlinear layers reach the output")
+        raise SigpropError(
+            "unreachable_target",
+            f"no per-layer slope reaches a maximal C'_f(1) of {zeta}",
+            "use a smaller zeta, or check that the graph's nonlinear layers reach the output",
+        )
     return float(sp_opt.brentq(lambda x: max_slope(program, x) - zeta, 1.0, hi, xtol=1e-15, rtol=1e-15, maxiter=200))
 
 
@@ -47,18 +58,55 @@ class DKSSolution:
     transform: TransformSolution
 
 
-def solve_dks(program: SubnetworkProgram, act: Activation, zeta: float) -> DKSSolution:
-    """alpha, beta, gamma, delta with maximal C'_g(1) = zeta, C(0) = 0 and Q(1) = Q'(1) = 1."""
+def check_local_q_slope(value: float) -> float:
+    """The per-layer Q'(1) target (dks's ``local_q_slope_target``): Q'(1) = E[phi_hat phi_hat' z] (equation 16,
+    first line) is positive for any non-constant phi_hat with Q(1) = 1 near the identity, so it must be > 0."""
+    if not value > 0.0:
+        raise SigpropError(
+            "invalid_target",
+            f"local_q_slope = {value} must be positive",
+            "local_q_slope is the per-layer Q'(1); 1 (the default) keeps q fixed, the DKS paper's "
+            "ablations use values near 1",
+        )
+    return float(value)
+
+
+def solve_dks(program: SubnetworkProgram, act: Activation, zeta: float, q_slope_1: float = 1.0) -> DKSSolution:
+    """alpha, beta, gamma, delta with maximal C'_g(1) = zeta, C(0) = 0, Q(1) = 1 and Q'(1) = q_slope_1 (default 1)."""
     slope = local_slope_target(program, zeta)
     try:
-        return DKSSolution(slope, solve_transform(act, c_slope_1=slope, q_slope_1=1.0, c_0=0.0))
+        return DKSSolution(slope, solve_transform(act, c_slope_1=slope, q_slope_1=q_slope_1, c_0=0.0))
     except SigpropError as err:
         for smaller in (1.0 + (zeta - 1.0) / 2, 1.0 + (zeta - 1.0) / 10):
             try:
-                solve_transform(act, c_slope_1=local_slope_target(program, smaller), q_slope_1=1.0, c_0=0.0,
-                                num_tries=6, eval_budget=400)
+                solve_transform(
+                    act,
+                    c_slope_1=local_slope_target(program, smaller),
+                    q_slope_1=q_slope_1,
+                    c_0=0.0,
+                    num_tries=6,
+                    eval_budget=400,
+                )
             except SigpropError:
                 continue
             err.hint = f"zeta = {smaller:.6g} is reachable for '{act.name}' on this graph; ask for at most that"
             break
         raise
+
+
+def max_slope_and_curvature(program: SubnetworkProgram, local_slope, local_curv) -> np.ndarray:
+    """(max_g C'_g(1), max_g C''_g(1)) over subnetworks g, for any local C'(1) and C''(1).
+
+    The pair (C'(1), C''(1)) of a composition follows the chain rule at the fixed point 1:
+    (s y1, C''(1) y1^2 + s y2) for a layer after a subnetwork with (y1, y2); normalized sums and
+    concatenations average both linearly. With C'(1) = 1 (TAT) the second component is the B.4
+    recipe; DKS needs the general form because its layers have C'(1) = zeta^(1/L) != 1.
+    ``local_slope`` and ``local_curv`` are numbers, or one per activation function slot.
+    """
+    slopes, curvs = np.atleast_1d(local_slope), np.atleast_1d(local_curv)
+
+    def layer(y, slot):
+        s, k = slopes[slot if slopes.size > 1 else 0], curvs[slot if curvs.size > 1 else 0]
+        return np.array([s * y[0], k * y[0] ** 2 + s * y[1]])
+
+    return program.maximize(np.array([1.0, 0.0]), layer)

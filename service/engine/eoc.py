@@ -53,20 +53,28 @@ def variance_map(act: Activation, q, sigma_w2: float, sigma_b2: float):
 
 def solve_eoc(act: Activation, q_star: float = 1.0) -> EOCSolution:
     if not (q_star > 0 and math.isfinite(q_star)):
-        raise SigpropError("invalid_target", f"q_star = {q_star} is not a positive number",
-                           "q_star is the fixed point of the variance map; the default is 1")
+        raise SigpropError(
+            "invalid_target",
+            f"q_star = {q_star} is not a positive number",
+            "q_star is the fixed point of the variance map; the default is 1",
+        )
     z, w, f, d1, d2 = _moments(act, q_star)
     d1_sq = float(w @ (d1 * d1))
     if d1_sq <= 0:
-        raise SigpropError("unreachable_target", f"'{act.name}' has zero derivative almost everywhere at q* = {q_star}",
-                           "choose another q_star or activation")
+        raise SigpropError(
+            "unreachable_target",
+            f"'{act.name}' has zero derivative almost everywhere at q* = {q_star}",
+            "choose another q_star or activation",
+        )
     sigma_w2 = 1.0 / d1_sq
     sigma_b2 = q_star - sigma_w2 * float(w @ (f * f))
     if sigma_b2 < -1e-12 * max(1.0, q_star):
         raise SigpropError(
             "unreachable_target",
-            f"no Edge of Chaos initialization of '{act.name}' has q* = {q_star}: it would need sigma_b^2 = {sigma_b2:.6g} < 0",
-            "choose a larger q_star (the bias variance grows with it for bounded activations)")
+            f"no Edge of Chaos initialization of '{act.name}' has q* = {q_star}: "
+            f"it would need sigma_b^2 = {sigma_b2:.6g} < 0",
+            "choose a larger q_star (the bias variance grows with it for bounded activations)",
+        )
     sigma_b2 = max(sigma_b2, 0.0)
     s = math.sqrt(q_star)
     fd1z = float(w @ (f * d1 * z))

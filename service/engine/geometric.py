@@ -120,9 +120,11 @@ def _homogeneous_gain(act: Activation, where: str) -> float:
     if not act.positively_homogeneous:
         raise SigpropError(
             "unsupported_activation",
-            f"geometric initialization needs a positively homogeneous activation (ReLU family); {where} uses '{act.name}'",
+            "geometric initialization needs a positively homogeneous activation (ReLU family); "
+            f"{where} uses '{act.name}'",
             "Table 1 of the GR-scaling paper: sigmoid, tanh and other non-homogeneous activations break the scaling; "
-            "use 'relu' or 'leaky_relu', or the 'tat', 'dks' or 'eoc' methods for smooth activations")
+            "use 'relu' or 'leaky_relu', or the 'tat', 'dks' or 'eoc' methods for smooth activations",
+        )
     up, down = float(act.fn(1.0)), float(act.fn(-1.0))
     return 0.5 * (up * up + down * down)
 
@@ -165,11 +167,11 @@ def _forward(graph: NetworkGraph, rules, seed: dict[int, float], lo: int = 0, hi
     """Per-element second moments pushed forward; ``seed`` fixes the values at some nodes."""
     hi = graph.n - 1 if hi is None else hi
     m = [0.0] * graph.n
-    for nd in graph.nodes[lo:hi + 1]:
+    for nd in graph.nodes[lo : hi + 1]:
         if nd.index in seed:
             m[nd.index] = seed[nd.index]
         else:
-            m[nd.index] = sum(f * m[i] for i, (f, _) in zip(nd.inputs, rules[nd.index]))
+            m[nd.index] = sum(f * m[i] for i, (f, _) in zip(nd.inputs, rules[nd.index], strict=False))
     return m
 
 
@@ -177,10 +179,10 @@ def _backward(graph: NetworkGraph, rules, start: int, value: float, lo: int = 0)
     """Per-element second moments of the gradient pulled back from node ``start``."""
     d = [0.0] * graph.n
     d[start] = value
-    for nd in reversed(graph.nodes[lo:start + 1]):
+    for nd in reversed(graph.nodes[lo : start + 1]):
         if d[nd.index] == 0.0:
             continue
-        for i, (_, b) in zip(nd.inputs, rules[nd.index]):
+        for i, (_, b) in zip(nd.inputs, rules[nd.index], strict=False):
             if i >= lo:
                 d[i] += b * d[nd.index]
     return d
@@ -196,8 +198,96 @@ def _output_dominators(graph: NetworkGraph) -> list[int]:
     return sorted(chain)
 
 
-def solve_geometric(graph: NetworkGraph, activation: str | Activation, *,
-                    input_second_moment: float | None = None, output_std: float = OUTPUT_STD) -> GeometricSolution:
+def _activation_gains(graph: NetworkGraph, act: Activation, gain: float, warnings: list[str]) -> dict[int, float]:
+    """Each activation node's second-moment gain (a graph may name other homogeneous functions)."""
+    gains: dict[int, float] = {}
+    other: set[str] = set()
+    for nd in graph.nodes:
+        if nd.kind == ACT:
+            fn = nd.attrs["fn"]
+            a = act if fn == act.name else get_activation(fn)
+            gains[nd.index] = _homogeneous_gain(a, f"activation node '{nd.user_id}'")
+            if abs(gains[nd.index] - gain) > 1e-12:
+                other.add(fn)
+    if other:
+        warnings.append(
+            f"activation(s) {', '.join(sorted(other))} have another second-moment gain than '{act.name}': "
+            f"the weight gammas stay balanced for any common c, but the biases balance only for c = 1/gain "
+            "(Proposition 7)"
+        )
+    return gains
+
+
+def _pooling_warnings(graph: NetworkGraph) -> list[str]:
+    nodes, out = graph.nodes, []
+    pools = [nd.user_id for nd in nodes if nd.op == "max_pool"]
+    if pools:
+        out.append(
+            f"max_pool breaks the GR scaling (Table 1): {', '.join(pools[:5])}; it is modelled as routing "
+            "(forward second moment kept, gradient sent to one input), which understates the max, so "
+            "gammas of the layers below it are approximate; a strided conv or avg_pool keeps the scaling"
+        )
+    mean_pools = []
+    for nd in nodes:
+        if nd.op in ("avg_pool", "global_avg_pool"):
+            src = nodes[nd.inputs[0]]
+            while src.kind == PASS and src.inputs:
+                src = nodes[src.inputs[0]]
+            if src.kind == ACT:
+                mean_pools.append(nd.user_id)
+    if mean_pools:
+        out.append(
+            f"average pooling of activations ({', '.join(mean_pools[:5])}) is modelled as in Table 1 "
+            "(pooled entries independent and centred); post-ReLU features have a non-zero mean, so in "
+            "practice the pooled second moment is larger (up to about K/pi times over K positions), "
+            "which raises the gammas of the layers after the pool; measure nu_l (section 4) to check"
+        )
+    return out
+
+
+def _gamma_ratios(graph: NetworkGraph, layers, rules, m, d) -> tuple[dict[int, float], dict[int, bool]]:
+    """E[Delta y^2] / E[y^2] per layer, through the nearest output dominator at or after it (so a
+    layer inside a residual branch is measured through its block), and whether it sits in a branch."""
+    cuts = _output_dominators(graph)
+    ratio: dict[int, float] = {}
+    in_branch: dict[int, bool] = {}
+    for nd in layers:
+        y = nd.index
+        z = next(t for t in cuts if t >= y)
+        if z == y or m[z] == 0.0:
+            ratio[y] = d[y] / m[y] if m[y] > 0 else 0.0
+        else:
+            g_fwd = _forward(graph, rules, {y: 1.0}, lo=y, hi=z)[z]
+            g_bwd = _backward(graph, rules, z, 1.0, lo=y)[y]
+            ratio[y] = g_fwd * g_bwd * d[z] / m[z]
+        in_branch[y] = z != y
+    return ratio, in_branch
+
+
+def _balancing_alphas(graph: NetworkGraph, raw: dict[int, float], warnings: list[str]) -> dict[int, float]:
+    """alpha_l = (min gamma / gamma_l)^(1/4) (section 5): every live layer's gamma equal to the smallest."""
+    live = [g for g in raw.values() if g > 0]
+    dead = [graph.nodes[i].user_id for i, g in raw.items() if not g > 0]
+    if dead:
+        warnings.append(
+            f"layer(s) {', '.join(dead[:5])} have gamma 0 (their output is weighted 0 on the way to the "
+            "output); no conditioning multiplier can balance them and they are left at alpha = 1"
+        )
+    g_min = min(live) if live else 1.0
+    alpha = {}
+    for i, g in raw.items():
+        a = (g_min / g) ** 0.25 if g > 0 else 1.0
+        alpha[i] = 1.0 if abs(a - 1.0) < 1e-12 else a
+    return alpha
+
+
+def solve_geometric(
+    graph: NetworkGraph,
+    activation: str | Activation,
+    *,
+    input_second_moment: float | None = None,
+    output_std: float = OUTPUT_STD,
+) -> GeometricSolution:
     """Geometric initialization (equation 7, Remark 6), conditioning multipliers (section 5,
     Appendix E, E.1), input and output scaling (sections 6.3, 6.4) and the GR scaling gamma_l of
     every weighted layer (Proposition 3, equation 1); see the module docstring.
@@ -211,25 +301,51 @@ def solve_geometric(graph: NetworkGraph, activation: str | Activation, *,
     c = 1.0 / gain
     nodes = graph.nodes
     warnings = list(graph.warnings)
-
-    gains: dict[int, float] = {}
-    other: set[str] = set()
-    for nd in nodes:
-        if nd.kind == ACT:
-            fn = nd.attrs["fn"]
-            a = act if fn == act.name else get_activation(fn)
-            gains[nd.index] = _homogeneous_gain(a, f"activation node '{nd.user_id}'")
-            if abs(gains[nd.index] - gain) > 1e-12:
-                other.add(fn)
-    if other:
-        warnings.append(f"activation(s) {', '.join(sorted(other))} have another second-moment gain than '{act.name}': "
-                        f"the weight gammas stay balanced for any common c, but the biases balance only for c = 1/gain "
-                        "(Proposition 7)")
+    gains = _activation_gains(graph, act, gain, warnings)
 
     layers = [nd for nd in nodes if nd.kind == AFFINE]
     if not layers:
-        raise SigpropError("invalid_graph", "the graph has no dense or conv layer to initialize",
-                           "geometric initialization sets the weights of dense and conv layers")
+        raise SigpropError(
+            "invalid_graph",
+            "the graph has no dense or conv layer to initialize",
+            "geometric initialization sets the weights of dense and conv layers",
+        )
+    w2, info = _layer_weights(nodes, layers, c)
+    warnings += _pooling_warnings(graph)
+
+    rules = _rules(graph, gains, w2)
+    m = _forward(graph, rules, {nd.index: 1.0 for nd in nodes if nd.kind == SOURCE})
+    d = _backward(graph, rules, graph.output, m[graph.output])  # A2: Delta y_out = y_out
+    ratio, in_branch = _gamma_ratios(graph, layers, rules, m, d)
+    raw = {}
+    for nd in layers:
+        n_in, _, taps, pos = info[nd.index]
+        x = m[nd.inputs[0]]
+        raw[nd.index] = n_in * taps * pos * x * x * ratio[nd.index]  # equation 1, alpha = b = 1
+    alpha = _balancing_alphas(graph, raw, warnings)
+
+    t = _input_moment(layers[0], info, alpha, input_second_moment)
+    # Everything is homogeneous in the input moment t: m and d scale as t (A2), gamma as t^2.
+    out_m = m[graph.output] * t
+    out_scale = output_std / math.sqrt(out_m) if out_m > 0 else 1.0
+
+    result = [_layer_row(nd, info, w2, alpha, raw, ratio, in_branch, t) for nd in layers]
+    return GeometricSolution(
+        activation=act.name,
+        c=c,
+        layers=result,
+        input_second_moment=t,
+        output_second_moment=out_m,
+        output_scale=out_scale,
+        gamma_ratio=_spread(result, "gamma"),
+        gamma_ratio_uncorrected=_spread(result, "gamma_uncorrected"),
+        warnings=warnings,
+    )
+
+
+def _layer_weights(nodes, layers, c: float) -> tuple[dict[int, float], dict[int, tuple[int, int, int, int]]]:
+    """Each weighted layer's weight second moment (equation 7, Remark 6) and its
+    (fan_in, fan_out, kernel taps, positions)."""
     w2: dict[int, float] = {}
     info: dict[int, tuple[int, int, int, int]] = {}
     for nd in layers:
@@ -237,91 +353,49 @@ def solve_geometric(graph: NetworkGraph, activation: str | Activation, *,
         taps = nd.attrs["kernel"][0] * nd.attrs["kernel"][1] if nd.op == "conv" else 1
         w2[nd.index] = c / (taps * math.sqrt(n_in * n_out))  # equation 7, Remark 6
         info[nd.index] = (n_in, n_out, taps, _positions(nd.shape))
+    return w2, info
 
-    pools = [nd.user_id for nd in nodes if nd.op == "max_pool"]
-    if pools:
-        warnings.append(f"max_pool breaks the GR scaling (Table 1): {', '.join(pools[:5])}; it is modelled as routing "
-                        "(forward second moment kept, gradient sent to one input), which understates the max, so "
-                        "gammas of the layers below it are approximate; a strided conv or avg_pool keeps the scaling")
-    mean_pools = []
-    for nd in nodes:
-        if nd.op in ("avg_pool", "global_avg_pool"):
-            src = nodes[nd.inputs[0]]
-            while src.kind == PASS and src.inputs:
-                src = nodes[src.inputs[0]]
-            if src.kind == ACT:
-                mean_pools.append(nd.user_id)
-    if mean_pools:
-        warnings.append(f"average pooling of activations ({', '.join(mean_pools[:5])}) is modelled as in Table 1 "
-                        "(pooled entries independent and centred); post-ReLU features have a non-zero mean, so in "
-                        "practice the pooled second moment is larger (up to about K/pi times over K positions), "
-                        "which raises the gammas of the layers after the pool; measure nu_l (section 4) to check")
 
-    rules = _rules(graph, gains, w2)
-    sources = {nd.index: 1.0 for nd in nodes if nd.kind == SOURCE}
-    m = _forward(graph, rules, sources)
-    d = _backward(graph, rules, graph.output, m[graph.output])  # A2: Delta y_out = y_out
-    cuts = _output_dominators(graph)
-
-    ratio: dict[int, float] = {}
-    in_branch: dict[int, bool] = {}
-    for nd in layers:
-        y = nd.index
-        z = next(t for t in cuts if t >= y)
-        if z == y or m[z] == 0.0:
-            ratio[y] = d[y] / m[y] if m[y] > 0 else 0.0
-        else:
-            g_fwd = _forward(graph, rules, {y: 1.0}, lo=y, hi=z)[z]
-            g_bwd = _backward(graph, rules, z, 1.0, lo=y)[y]
-            ratio[y] = g_fwd * g_bwd * d[z] / m[z]
-        in_branch[y] = z != y
-
-    raw = {}
-    for nd in layers:
-        n_in, _, taps, pos = info[nd.index]
-        x = m[nd.inputs[0]]
-        raw[nd.index] = n_in * taps * pos * x * x * ratio[nd.index]  # equation 1, alpha = b = 1
-    live = [g for g in raw.values() if g > 0]
-    dead = [nodes[i].user_id for i, g in raw.items() if not g > 0]
-    if dead:
-        warnings.append(f"layer(s) {', '.join(dead[:5])} have gamma 0 (their output is weighted 0 on the way to the "
-                        "output); no conditioning multiplier can balance them and they are left at alpha = 1")
-    g_min = min(live) if live else 1.0
-    alpha = {}
-    for i, g in raw.items():
-        a = (g_min / g) ** 0.25 if g > 0 else 1.0
-        alpha[i] = 1.0 if abs(a - 1.0) < 1e-12 else a
-
-    first = layers[0]
+def _input_moment(first, info: dict, alpha: dict, input_second_moment: float | None) -> float:
+    """The input second moment t: the given one, else the recommended 1 / sqrt(n_0 k_0^2) (section 6.3)."""
     n0, _, k0sq, _ = info[first.index]
-    t = (1.0 / (alpha[first.index] ** 2 * math.sqrt(n0 * k0sq))  # section 6.3
-         if input_second_moment is None else float(input_second_moment))
+    t = (
+        1.0 / (alpha[first.index] ** 2 * math.sqrt(n0 * k0sq))  # section 6.3
+        if input_second_moment is None
+        else float(input_second_moment)
+    )
     if not (t > 0 and math.isfinite(t)):
-        raise SigpropError("invalid_target", f"input_second_moment = {input_second_moment} is not a positive number",
-                           "omit it for the recommended 1 / sqrt(n_0 k_0^2) of section 6.3")
-    # Everything is homogeneous in the input moment t: m and d scale as t (A2), gamma as t^2.
-    out_m = m[graph.output] * t
-    out_scale = output_std / math.sqrt(out_m) if out_m > 0 else 1.0
+        raise SigpropError(
+            "invalid_target",
+            f"input_second_moment = {input_second_moment} is not a positive number",
+            "omit it for the recommended 1 / sqrt(n_0 k_0^2) of section 6.3",
+        )
+    return t
 
-    result = []
-    for nd in layers:
-        i = nd.index
-        n_in, n_out, taps, pos = info[i]
-        a = alpha[i]
-        result.append({
-            "id": nd.user_id, "node": i, "op": nd.op, "fan_in": n_in, "fan_out": n_out,
-            "kernel": list(nd.attrs["kernel"]) if nd.op == "conv" else None,
-            "weight_second_moment": w2[i], "alpha": a, "init_second_moment": w2[i] / (a * a),
-            "gamma": a ** 4 * raw[i] * t * t, "gamma_uncorrected": raw[i] * t * t,
-            "gamma_bias": pos * ratio[i],  # Appendix D: rho^2 E[Dy^2] / E[y^2], invariant in t
-            "in_branch": in_branch[i],
-        })
 
-    def spread(key):
-        vals = [r[key] for r in result if r[key] > 0]
-        return max(vals) / min(vals) if vals else 1.0
+def _layer_row(nd, info: dict, w2: dict, alpha: dict, raw: dict, ratio: dict, in_branch: dict, t: float) -> dict:
+    """One weighted layer's entry of ``GeometricSolution.layers``, at input second moment ``t``."""
+    i = nd.index
+    n_in, n_out, taps, pos = info[i]
+    a = alpha[i]
+    return {
+        "id": nd.user_id,
+        "node": i,
+        "op": nd.op,
+        "fan_in": n_in,
+        "fan_out": n_out,
+        "kernel": list(nd.attrs["kernel"]) if nd.op == "conv" else None,
+        "weight_second_moment": w2[i],
+        "alpha": a,
+        "init_second_moment": w2[i] / (a * a),
+        "gamma": a**4 * raw[i] * t * t,
+        "gamma_uncorrected": raw[i] * t * t,
+        "gamma_bias": pos * ratio[i],  # Appendix D: rho^2 E[Dy^2] / E[y^2], invariant in t
+        "in_branch": in_branch[i],
+    }
 
-    return GeometricSolution(activation=act.name, c=c, layers=result, input_second_moment=t,
-                             output_second_moment=out_m, output_scale=out_scale,
-                             gamma_ratio=spread("gamma"), gamma_ratio_uncorrected=spread("gamma_uncorrected"),
-                             warnings=warnings)
+
+def _spread(result: list[dict], key: str) -> float:
+    """Largest over smallest positive ``key`` across the layers (1 when there is none)."""
+    vals = [r[key] for r in result if r[key] > 0]
+    return max(vals) / min(vals) if vals else 1.0

@@ -14,21 +14,31 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..errors import SigpropError
 from ..schemas.graph import Graph
+from ..schemas.shapes import ARITY, node_shape
 
 # Kinds of node for the Q/C map analysis (TAT paper section 2.3, Appendix B.4).
 SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
 
 _KIND = {
-    "input": SOURCE, "dense": AFFINE, "conv": AFFINE, "activation": ACT, "sum": SUM,
-    "concat": CONCAT, "avg_pool": PASS, "max_pool": PASS, "global_avg_pool": PASS,
-    "flatten": PASS, "dropout": PASS, "identity": PASS, "output": PASS,
+    "input": SOURCE,
+    "dense": AFFINE,
+    "conv": AFFINE,
+    "activation": ACT,
+    "sum": SUM,
+    "concat": CONCAT,
+    "avg_pool": PASS,
+    "max_pool": PASS,
+    "global_avg_pool": PASS,
+    "flatten": PASS,
+    "dropout": PASS,
+    "identity": PASS,
+    "output": PASS,
 }
-_ARITY = {"input": (0, 0), "sum": (2, None), "concat": (2, None)}
-SUM_WEIGHT_TOLERANCE = 1e-6
+_ARITY = ARITY  # the contract's input counts (schemas.shapes)
 
 
 @dataclass(frozen=True)
@@ -67,11 +77,16 @@ class NetworkGraph:
         payload = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def anonymized(self) -> "NetworkGraph":
+    def anonymized(self) -> NetworkGraph:
         """The same graph with ids replaced by canonical placeholders ``#<index>`` ('#' is not
         allowed in ids) and no request-specific warnings: what answers are computed and cached
         on, so a cached answer can be relabelled for any request with the same key."""
-        return NetworkGraph([replace(nd, user_id=f"#{nd.index}") for nd in self.nodes], self.output, [])
+        # Node(...) directly: dataclasses.replace costs several times more per node on large graphs
+        return NetworkGraph(
+            [Node(nd.index, f"#{nd.index}", nd.op, nd.kind, nd.inputs, nd.attrs, nd.shape) for nd in self.nodes],
+            self.output,
+            [],
+        )
 
     def consumers(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.nodes]
@@ -108,77 +123,37 @@ def _pair(value) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-def _conv_out(size: int, kernel: int, stride: int, padding) -> int:
-    if padding == "same":
-        return math.ceil(size / stride)
-    pad = 0 if padding == "valid" else int(padding)
-    return (size + 2 * pad - kernel) // stride + 1
-
-
 def _infer(nd, in_shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], dict]:
-    """Output shape and canonical attributes of one node, given its inputs' shapes."""
+    """Output shape (the contract's rules, ``schemas.shapes``) and canonical attributes of one node."""
+    shape = node_shape(nd, in_shapes)
     op = nd.op
-    nid = nd.id
     if op == "input":
-        return tuple(nd.shape), {"shape": list(nd.shape)}
-    s = in_shapes[0]
+        return shape, {"shape": list(nd.shape)}
     if op == "dense":
-        if len(s) != 1:
-            raise _invalid(f"dense node '{nid}' gets a feature map of shape {list(s)}",
-                           "insert a 'flatten' or 'global_avg_pool' node before a dense layer")
-        return (nd.units,), {"units": nd.units, "bias": nd.bias}
+        return shape, {"units": nd.units, "bias": nd.bias}
     if op == "conv":
-        if len(s) != 3:
-            raise _invalid(f"conv node '{nid}' gets a vector of shape {list(s)}",
-                           "conv layers take [channels, height, width] inputs; give the input node a 3-element shape")
-        kh, kw = _pair(nd.kernel)
-        sh, sw = _pair(nd.stride)
-        h, w = _conv_out(s[1], kh, sh, nd.padding), _conv_out(s[2], kw, sw, nd.padding)
-        if h < 1 or w < 1:
-            raise _invalid(f"conv node '{nid}' shrinks a {s[1]}x{s[2]} map to nothing",
-                           "use padding 'same', a smaller kernel or stride, or a larger input")
-        return (nd.channels, h, w), {"channels": nd.channels, "kernel": [kh, kw], "stride": [sh, sw],
-                                     "padding": nd.padding, "bias": nd.bias}
+        return shape, {
+            "channels": nd.channels,
+            "kernel": list(_pair(nd.kernel)),
+            "stride": list(_pair(nd.stride)),
+            "padding": nd.padding,
+            "bias": nd.bias,
+        }
     if op in ("avg_pool", "max_pool"):
-        if len(s) != 3:
-            raise _invalid(f"{op} node '{nid}' gets a vector of shape {list(s)}", "pooling needs a [channels, height, width] input")
-        kh, kw = _pair(nd.kernel)
-        sh, sw = _pair(nd.stride if nd.stride is not None else nd.kernel)
-        h, w = (s[1] - kh) // sh + 1, (s[2] - kw) // sw + 1
-        if h < 1 or w < 1:
-            raise _invalid(f"{op} node '{nid}' shrinks a {s[1]}x{s[2]} map to nothing", "use a smaller pooling kernel")
-        return (s[0], h, w), {"kernel": [kh, kw], "stride": [sh, sw]}
-    if op == "global_avg_pool":
-        if len(s) != 3:
-            raise _invalid(f"global_avg_pool node '{nid}' gets a vector of shape {list(s)}", "it needs a [channels, height, width] input")
-        return (s[0],), {}
-    if op == "flatten":
-        return (math.prod(s),), {}
+        stride = nd.stride if nd.stride is not None else nd.kernel
+        # padding only when given, so graphs without it keep their canonical form and cache keys
+        return shape, {
+            "kernel": list(_pair(nd.kernel)),
+            "stride": list(_pair(stride)),
+            **({"padding": nd.padding} if nd.padding else {}),
+        }
     if op == "dropout":
-        return s, {"rate": nd.rate}
+        return shape, {"rate": nd.rate}
     if op == "sum":
-        for other in in_shapes[1:]:
-            if other != s:
-                raise _invalid(f"sum node '{nid}' adds shapes {[list(x) for x in in_shapes]}",
-                               "all inputs of a sum must have the same shape")
         n = len(in_shapes)
         weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
-        if len(weights) != n:
-            raise _invalid(f"sum node '{nid}' has {n} inputs but {len(weights)} weights", "give one weight per input")
-        sq = sum(w * w for w in weights)
-        if abs(sq - 1.0) > SUM_WEIGHT_TOLERANCE:
-            norm = math.sqrt(sq) if sq > 0 else 1.0
-            raise _invalid(f"sum node '{nid}' weights have sum of squares {sq:.6g}, not 1",
-                           f"normalize them, e.g. {[round(w / norm, 6) for w in weights]}, or omit them for equal weights")
-        return s, {"weights": [float(w) for w in weights]}
-    if op == "concat":
-        rank = {len(x) for x in in_shapes}
-        if len(rank) != 1 or (len(s) == 3 and len({x[1:] for x in in_shapes}) != 1):
-            raise _invalid(f"concat node '{nid}' joins shapes {[list(x) for x in in_shapes]}",
-                           "concatenation is along channels: inputs need equal rank and equal height and width")
-        return (sum(x[0] for x in in_shapes),) + tuple(s[1:]), {}
-    # activation, identity, output
-    return s, {}
+        return shape, {"weights": [float(w) for w in weights]}
+    return shape, {}  # global_avg_pool, flatten, concat, activation, identity, output
 
 
 def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkGraph:
@@ -191,8 +166,10 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
 
     outputs = [nd.id for nd in graph.nodes if nd.op == "output"]
     if len(outputs) != 1:
-        raise _invalid(f"the graph has {len(outputs)} output nodes" + (f" ({', '.join(outputs[:5])})" if outputs else ""),
-                       "exactly one node must have op 'output'; merge several heads with a concat or sum first")
+        raise _invalid(
+            f"the graph has {len(outputs)} output nodes" + (f" ({', '.join(outputs[:5])})" if outputs else ""),
+            "exactly one node must have op 'output'; merge several heads with a concat or sum first",
+        )
 
     for nd in graph.nodes:
         lo, hi = _ARITY.get(nd.op, (1, 1))
@@ -202,8 +179,10 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
             raise _invalid(f"node '{nd.id}' ({nd.op}) has {k} inputs", f"op '{nd.op}' takes {want} input(s)")
         for src in nd.inputs:
             if src not in by_id:
-                raise _invalid(f"node '{nd.id}' reads from '{src}', which is not in the graph",
-                               "every id in 'inputs' must be the id of a node in 'nodes'")
+                raise _invalid(
+                    f"node '{nd.id}' reads from '{src}', which is not in the graph",
+                    "every id in 'inputs' must be the id of a node in 'nodes'",
+                )
             if by_id[src].op == "output":
                 raise _invalid(f"node '{nd.id}' reads from the output node '{src}'", "the output node must be last")
 
@@ -244,7 +223,9 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
         if nd.op == "activation":
             fn = nd.fn or default_activation
             if fn is None:
-                raise _invalid(f"activation node '{nid}' names no function", "set 'fn' on the node or 'activation' on the request")
+                raise _invalid(
+                    f"activation node '{nid}' names no function", "set 'fn' on the node or 'activation' on the request"
+                )
             attrs = {"fn": fn}
         nodes.append(Node(i, nid, nd.op, _KIND[nd.op], ins, attrs, shape))
     if not any(nd.kind == SOURCE for nd in nodes):
@@ -270,12 +251,17 @@ def _topological_order(wire_nodes, by_id) -> list[str]:
                 ready.append(u)
     if len(order) != len(wire_nodes):
         stuck = sorted(nid for nid, d in indegree.items() if d > 0)
-        raise _invalid(f"the graph has a cycle through '{stuck[0]}'" + (f" (nodes on or after it: {', '.join(stuck[:6])})" if len(stuck) > 1 else ""),
-                       "the graph must be acyclic: remove the edge that loops back")
+        raise _invalid(
+            f"the graph has a cycle through '{stuck[0]}'"
+            + (f" (nodes on or after it: {', '.join(stuck[:6])})" if len(stuck) > 1 else ""),
+            "the graph must be acyclic: remove the edge that loops back",
+        )
     return order
 
 
-def _canonical_input_order(topo: list[str], by_id, default_activation) -> dict[str, tuple[list[str], list[float] | None]]:
+def _canonical_input_order(
+    topo: list[str], by_id, default_activation
+) -> dict[str, tuple[list[str], list[float] | None]]:
     """Each node's inputs in canonical order, with a sum's weights permuted alongside.
 
     A structural hash of every node (its op, attributes and its inputs' hashes) orders a sum's
@@ -292,7 +278,7 @@ def _canonical_input_order(topo: list[str], by_id, default_activation) -> dict[s
         if nd.op == "sum":
             n = len(ins)
             w = list(nd.weights) if nd.weights is not None and len(nd.weights) == n else [1.0 / math.sqrt(n)] * n
-            pairs = sorted(zip(ins, w), key=lambda p: (digest[p[0]], p[1]))
+            pairs = sorted(zip(ins, w, strict=False), key=lambda p: (digest[p[0]], p[1]))
             ins, weights = [p[0] for p in pairs], [p[1] for p in pairs]
             if nd.weights is not None and len(nd.weights) != n:
                 weights = list(nd.weights)  # wrong length: _infer reports it
@@ -318,6 +304,8 @@ def correlated_sum_warnings(nodes: list[Node]) -> list[str]:
             if nodes[j].kind != AFFINE:
                 plain.append(i)
         if len(set(nd.inputs)) < len(nd.inputs) or len(plain) > 1:
-            out.append(f"sum node '{nd.user_id}' adds branches not separated by a weighted layer (or the same input "
-                       "twice): they are correlated, so the normalized-sum rule and the solved maps are approximate there")
+            out.append(
+                f"sum node '{nd.user_id}' adds branches not separated by a weighted layer (or the same input "
+                "twice): they are correlated, so the normalized-sum rule and the solved maps are approximate there"
+            )
     return out

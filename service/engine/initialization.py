@@ -42,8 +42,19 @@ def layer_inits(graph: NetworkGraph, init: str, sigma_w2: float = 1.0, sigma_b2:
             bias = "none"
         else:
             bias = "gaussian" if sigma_b2 > 0 else "zeros"
-        layers.append(LayerInit(
-            id=nd.user_id, node=nd.index, op=nd.op, fan_in=fan_in, fan_out=out_channels, kernel=kernel,
-            distribution=dist, gain=gain, weight_variance=variance, bias=bias,
-            bias_variance=sigma_b2 if bias == "gaussian" else 0.0))
+        layers.append(
+            LayerInit(
+                id=nd.user_id,
+                node=nd.index,
+                op=nd.op,
+                fan_in=fan_in,
+                fan_out=out_channels,
+                kernel=kernel,
+                distribution=dist,
+                gain=gain,
+                weight_variance=variance,
+                bias=bias,
+                bias_variance=sigma_b2 if bias == "gaussian" else 0.0,
+            )
+        )
     return layers

@@ -58,6 +58,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import SigpropError
+from ..schemas.solve import JacobianSummary
 from .graph import ACT, AFFINE, CONCAT, SUM, NetworkGraph
 from .subnetworks import _dominators
 
@@ -119,23 +120,31 @@ def _check(kind: str, depth: int, width: int, m: int, alpha: float, layer: int) 
     if not (isinstance(width, int) and width >= 1):
         raise SigpropError("invalid_request", f"width must be a positive integer, got {width!r}", "give n >= 1")
     if kind == "residual" and not (isinstance(m, int) and m >= 2):
-        raise SigpropError("invalid_request", f"residual branches need m >= 2 layers, got {m!r}",
-                           "Theorem 2 covers branches of m >= 2 weighted layers")
+        raise SigpropError(
+            "invalid_request",
+            f"residual branches need m >= 2 layers, got {m!r}",
+            "Theorem 2 covers branches of m >= 2 weighted layers",
+        )
     if not (alpha > 0 and math.isfinite(alpha)):
-        raise SigpropError("invalid_request", f"alpha must be a positive number, got {alpha!r}",
-                           "alpha scales the weight variance, c_2 = 2 alpha / fan_in; 1 is He initialization")
+        raise SigpropError(
+            "invalid_request",
+            f"alpha must be a positive number, got {alpha!r}",
+            "alpha scales the weight variance, c_2 = 2 alpha / fan_in; 1 is He initialization",
+        )
     if not (isinstance(layer, int) and 1 <= layer <= depth):
         raise SigpropError("invalid_request", f"layer must be in 1..{depth}, got {layer!r}", "layers count from 1")
 
 
-def output_moments(kind: str, depth: int, width: int, m: int = 2, alpha: float = 1.0, layer: int = 1) -> tuple[float, float]:
+def output_moments(
+    kind: str, depth: int, width: int, m: int = 2, alpha: float = 1.0, layer: int = 1
+) -> tuple[float, float]:
     """(E||y_(k)^L||^2, E||y_(k)^L||^4) of the reduced network for Gaussian weights, ||y^0||^2 = 1."""
     _check(kind, depth, width, m, alpha, layer)
     n, L, k = float(width), depth, layer
     if kind == "vanilla":  # Lemma 2, equations 62 and 76; the reduced network is the network
-        return alpha ** L, alpha ** (2 * L) * (1.0 + 5.0 / n) ** L
+        return alpha**L, alpha ** (2 * L) * (1.0 + 5.0 / n) ** L
     if kind == "residual":  # Theorem 2, equations 77 and 93-95
-        am = alpha ** m
+        am = alpha**m
         rho_g = am * am * (1.0 + 5.0 / n) ** (m - 1) * (1.0 + 2.0 / n)
         beta = 1.0 + 2.0 * am * (1.0 + 2.0 / n) + rho_g
         return am * (1.0 + am) ** (L - 1), rho_g * beta ** (L - 1)
@@ -197,14 +206,27 @@ def jacobian_stats(kind: str, depth: int, width: int, m: int = 2, alpha: float =
         law, exps = "exp(r (L - 1)), r from 5/(2n) to 5/n (Lemma 2)", (2.5 * (L - 1) / n, 5.0 * (L - 1) / n)
     elif kind == "residual":
         law = "exp(r), r from L rho_-^m / 2 to 2 L rho_+^(m/2) (Theorem 2)"
-        exps = (0.5 * L * rho_p ** m, 2.0 * L * rho_p ** (m / 2))
+        exps = (0.5 * L * rho_p**m, 2.0 * L * rho_p ** (m / 2))
     else:
         law, exps = "L^p, p from alpha - 1 to 2 (alpha - 1) (Theorem 3)", (alpha - 1.0, 2.0 * (alpha - 1.0))
-    return JacobianStats(kind=kind, depth=depth, width=width, m=m if kind == "residual" else 1, alpha=alpha,
-                         layer=layer, weight_second_moment=c2, output_mean=mu, output_var=var, mean=mu / c2,
-                         var_lower=var / (GAUSSIAN_KURTOSIS * c2 * c2), var_upper=var / (c2 * c2),
-                         rho_plus=rho_p, growth_law=law, growth_exponents=exps,
-                         var_exact=vanilla_jacobian_moments(depth, width, alpha, layer)[1] if kind == "vanilla" else None)
+    return JacobianStats(
+        kind=kind,
+        depth=depth,
+        width=width,
+        m=m if kind == "residual" else 1,
+        alpha=alpha,
+        layer=layer,
+        weight_second_moment=c2,
+        output_mean=mu,
+        output_var=var,
+        mean=mu / c2,
+        var_lower=var / (GAUSSIAN_KURTOSIS * c2 * c2),
+        var_upper=var / (c2 * c2),
+        rho_plus=rho_p,
+        growth_law=law,
+        growth_exponents=exps,
+        var_exact=vanilla_jacobian_moments(depth, width, alpha, layer)[1] if kind == "vanilla" else None,
+    )
 
 
 def residual_branch_scale(depth: int, width: int, m: int = 2, kappa: float = 1.0) -> dict:
@@ -218,25 +240,35 @@ def residual_branch_scale(depth: int, width: int, m: int = 2, kappa: float = 1.0
     """
     _check("residual", depth, width, m, 1.0, 1)
     if not (kappa > 0 and math.isfinite(kappa)):
-        raise SigpropError("invalid_request", f"kappa must be a positive number, got {kappa!r}",
-                           "kappa = L rho_+^(m/2) is the depth budget of the branches; 1 is the default")
+        raise SigpropError(
+            "invalid_request",
+            f"kappa must be a positive number, got {kappa!r}",
+            "kappa = L rho_+^(m/2) is the depth budget of the branches; 1 is the default",
+        )
     n = float(width)
     alpha = (kappa / depth) ** (1.0 / m) / math.sqrt(1.0 + 5.0 / n)
     rho_p = alpha * alpha * (1.0 + 5.0 / n)
     s = alpha ** (m / 2)
-    return {"alpha": alpha, "rho_plus": rho_p, "branch_scale": s,
-            "shortcut_weight": 1.0 / math.sqrt(1.0 + s * s), "branch_weight": s / math.sqrt(1.0 + s * s),
-            "L_rho_plus_half_m": depth * rho_p ** (m / 2), "L_rho_plus_m": depth * rho_p ** m}
+    return {
+        "alpha": alpha,
+        "rho_plus": rho_p,
+        "branch_scale": s,
+        "shortcut_weight": 1.0 / math.sqrt(1.0 + s * s),
+        "branch_weight": s / math.sqrt(1.0 + s * s),
+        "L_rho_plus_half_m": depth * rho_p ** (m / 2),
+        "L_rho_plus_m": depth * rho_p**m,
+    }
 
 
-def _branch_affines(graph: NetworkGraph, entry: int, exit_: int) -> int:
-    """Most weighted layers on a path entry -> exit_ (entry excluded)."""
-    best = {entry: 0}
-    for nd in graph.nodes[entry + 1:exit_ + 1]:
-        vals = [best[i] for i in nd.inputs if i in best]
-        if vals:
-            best[nd.index] = max(vals) + (1 if nd.kind == AFFINE else 0)
-    return best.get(exit_, 0)
+def _affines_to(graph: NetworkGraph) -> list[int]:
+    """Most weighted layers on a path from the inputs to each node (the node included), one
+    topological pass: O(nodes + edges). A branch's count from an entry that dominates its end is
+    then a difference: every path to the end passes the entry, so the longest one is the longest
+    to the entry followed by the longest from it."""
+    best = [0] * graph.n
+    for nd in graph.nodes:
+        best[nd.index] = max((best[i] for i in nd.inputs), default=0) + (1 if nd.kind == AFFINE else 0)
+    return best
 
 
 def detect_structure(graph: NetworkGraph) -> Structure | None:
@@ -247,6 +279,11 @@ def detect_structure(graph: NetworkGraph) -> Structure | None:
     of m weighted layers; alpha and the branch scale come from the sum weights. ``vanilla``: a
     chain without sums or concats. None for anything else (sums of three or more inputs, both
     sums and concats, no weighted layer, ...).
+
+    Cost: O(nodes + edges) plus the dominator tree (``subnetworks._dominators``, near-linear on
+    these graphs): a branch's weighted-layer count is a difference of one topological pass's
+    longest-path counts, not a walk per sum, so fan-out from one node to thousands of sums (the
+    "ladder") stays linear.
     """
     nodes = graph.nodes
     affines = [nd for nd in nodes if nd.kind == AFFINE]
@@ -256,7 +293,9 @@ def detect_structure(graph: NetworkGraph) -> Structure | None:
     width = min(hidden)
     notes: list[str] = []
     if len(set(hidden)) > 1:
-        notes.append(f"widths vary ({min(hidden)} to {max(hidden)}); width is the smallest, which bounds the variance growth")
+        notes.append(
+            f"widths vary ({min(hidden)} to {max(hidden)}); width is the smallest, which bounds the variance growth"
+        )
     acts = Counter(nd.attrs["fn"] for nd in nodes if nd.kind == ACT)
     if set(acts) - {"relu"}:
         notes.append(f"the theory is for ReLU; the graph uses {', '.join(sorted(acts))}")
@@ -272,6 +311,7 @@ def detect_structure(graph: NetworkGraph) -> Structure | None:
         return Structure("vanilla", depth=len(affines), width=width, notes=notes)
 
     idom, _ = _dominators([list(nd.inputs) for nd in nodes], graph.n)
+    depth_to = _affines_to(graph)
     ms, scales, projections = [], [], 0
     for nd in sums:
         if len(nd.inputs) != 2:
@@ -279,7 +319,8 @@ def detect_structure(graph: NetworkGraph) -> Structure | None:
         entry = idom[nd.index]
         if entry == graph.n:
             return None
-        counts = [_branch_affines(graph, entry, i) if i != entry else 0 for i in nd.inputs]
+        # entry dominates the sum, hence each of its inputs: weighted layers on the longest path entry -> i
+        counts = [depth_to[i] - depth_to[entry] if i != entry else 0 for i in nd.inputs]
         if min(counts) > 0:
             projections += 1
         short = counts.index(min(counts))
@@ -300,3 +341,36 @@ def detect_structure(graph: NetworkGraph) -> Structure | None:
         notes.append("single-layer branches: Theorem 2 needs m >= 2")
     alpha = s ** (2.0 / m) if s > 0 else 0.0
     return Structure("residual", depth=len(sums), width=width, m=m, alpha=alpha, branch_scale=s, notes=notes)
+
+
+def summary(graph: NetworkGraph, act) -> JacobianSummary | None:
+    """The finite-width Jacobian statistics, for ReLU-family graphs whose structure the theorems cover."""
+    if act.name not in ("relu", "leaky_relu"):
+        return None
+    try:
+        st = detect_structure(graph)
+        if st is None:
+            return None
+        stats = jacobian_stats(st.kind, st.depth, st.width, st.m, st.alpha)
+        rec = None
+        if st.kind == "residual":
+            r = residual_branch_scale(st.depth, st.width, st.m)
+            rec = {k: r[k] for k in ("branch_scale", "shortcut_weight", "branch_weight", "alpha")}
+        elif st.kind == "dense":
+            rec = {"alpha": 1.0}
+    except (SigpropError, ArithmeticError):
+        # supplementary information: a graph outside the theorems' assumptions, or so deep that
+        # the predicted moments overflow a float, gets none
+        return None
+    return JacobianSummary(
+        kind=st.kind,
+        depth=st.depth,
+        width=st.width,
+        m=stats.m,
+        alpha=st.alpha,
+        mean=stats.mean,
+        var_upper=stats.var_upper,
+        var_exact=stats.var_exact,
+        growth_law=stats.growth_law,
+        recommended=rec,
+    )

@@ -31,11 +31,11 @@ from .quadrature import bivariate_rule, gaussian_rule
 class LocalStats:
     """Gaussian moments of a transformed activation at q = 1, and the map values they give."""
 
-    mean: float       # E[phi_hat]
-    second: float     # E[phi_hat^2] = Q(1)
-    d1_mean: float    # E[phi_hat']
-    d1_sq: float      # E[phi_hat'^2]
-    d2_sq: float      # E[phi_hat''^2]
+    mean: float  # E[phi_hat]
+    second: float  # E[phi_hat^2] = Q(1)
+    d1_mean: float  # E[phi_hat']
+    d1_sq: float  # E[phi_hat'^2]
+    d2_sq: float  # E[phi_hat''^2]
     q_slope_1: float  # Q'(1) = E[phi_hat phi_hat' z]
 
     @property
@@ -44,11 +44,11 @@ class LocalStats:
 
     @property
     def c_0(self) -> float:
-        return self.mean ** 2 / self.second
+        return self.mean**2 / self.second
 
     @property
     def c_slope_0(self) -> float:
-        return self.d1_mean ** 2 / self.second
+        return self.d1_mean**2 / self.second
 
     @property
     def c_slope_1(self) -> float:
@@ -66,17 +66,27 @@ def _z_kinks(act: Activation, input_scale: float, input_shift: float) -> list[fl
     return [(k - input_shift) / input_scale for k in (act.kinks or (0.0,))]
 
 
-def local_stats(act: Activation, input_scale: float = 1.0, input_shift: float = 0.0,
-                output_scale: float = 1.0, output_shift: float = 0.0) -> LocalStats:
+def local_stats(
+    act: Activation,
+    input_scale: float = 1.0,
+    input_shift: float = 0.0,
+    output_scale: float = 1.0,
+    output_shift: float = 0.0,
+) -> LocalStats:
     """All the q = 1 quantities of phi_hat from one pass of the quadrature rule."""
     z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
     u = input_scale * z + input_shift
     f = output_scale * (act.fn(u) + output_shift)
     d1 = output_scale * input_scale * act.d1(u)
-    d2 = output_scale * input_scale ** 2 * act.d2(u)
+    d2 = output_scale * input_scale**2 * act.d2(u)
     return LocalStats(
-        mean=float(w @ f), second=float(w @ (f * f)), d1_mean=float(w @ d1), d1_sq=float(w @ (d1 * d1)),
-        d2_sq=float(w @ (d2 * d2)), q_slope_1=float(w @ (f * d1 * z)))
+        mean=float(w @ f),
+        second=float(w @ (f * f)),
+        d1_mean=float(w @ d1),
+        d1_sq=float(w @ (d1 * d1)),
+        d2_sq=float(w @ (d2 * d2)),
+        q_slope_1=float(w @ (f * d1 * z)),
+    )
 
 
 def leaky_relu_c_map(c, negative_slope):
@@ -94,6 +104,7 @@ def leaky_relu_c_map(c, negative_slope):
 def leaky_relu_c_map_scalar(c: float, negative_slope: float) -> float:
     """Scalar fast path of ``leaky_relu_c_map`` for the solver's inner loop."""
     import math
+
     c = min(1.0, max(-1.0, c))
     a = negative_slope
     return c + (1.0 - a) ** 2 / (math.pi * (1.0 + a * a)) * (math.sqrt(1.0 - c * c) - c * math.acos(c))
@@ -131,8 +142,15 @@ class HermiteCMap:
     exactly and |error| <= 2 R / Q(1) on [-1, 1]. ``tail`` reports that bound.
     """
 
-    def __init__(self, act: Activation, input_scale: float = 1.0, input_shift: float = 0.0,
-                 output_scale: float = 1.0, output_shift: float = 0.0, terms: int = 96):
+    def __init__(
+        self,
+        act: Activation,
+        input_scale: float = 1.0,
+        input_shift: float = 0.0,
+        output_scale: float = 1.0,
+        output_shift: float = 0.0,
+        terms: int = 96,
+    ):
         z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
         f = output_scale * (act.fn(input_scale * z + input_shift) + output_shift)
         second = float(w @ (f * f))
@@ -141,7 +159,7 @@ class HermiteCMap:
         for k in range(terms):
             coef[k] = float(w @ (f * h))
             h_prev, h = h, (z * h - np.sqrt(k) * h_prev) / np.sqrt(k + 1)
-        power = coef ** 2
+        power = coef**2
         rest = max(0.0, second - float(power.sum()))
         self.coefficients = np.append(power, rest) / second
         self.tail = 2.0 * rest / second

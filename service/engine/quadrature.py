@@ -11,7 +11,7 @@ even for input scales in the hundreds; tests check it against scipy.integrate.qu
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -20,7 +20,7 @@ PANEL_NODES = 16
 _SQRT_2PI = np.sqrt(2.0 * np.pi)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
     x, w = np.polynomial.legendre.leggauss(n)
     return x, w
@@ -47,7 +47,7 @@ def _graded_edges(a: float, b: float, fine: float, refine_a: bool, refine_b: boo
 def _composite(breaks: tuple[float, ...], fine: float) -> tuple[np.ndarray, np.ndarray]:
     x0, w0 = _legendre(PANEL_NODES)
     edges: list[float] = []
-    for i, (a, b) in enumerate(zip(breaks[:-1], breaks[1:])):
+    for i, (a, b) in enumerate(zip(breaks[:-1], breaks[1:], strict=False)):
         seg = _graded_edges(a, b, fine, i > 0, i < len(breaks) - 2)
         edges.extend(seg if not edges else seg[1:])
     e = np.asarray(edges)

@@ -51,6 +51,11 @@ from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
 from ..errors import SigpropError
+from ..schemas.activations import CLIPPED_SPARSE_ACTIVATIONS, UNCLIPPED_SPARSE_ACTIVATIONS
+
+# argument checks; _SIDES: one-sided (ReLU-like) kinds versus the odd (soft-threshold) ones,
+# the c in V = sigma_w^2 c F + sigma_b^2
+from .sparse_eoc_checks import _SIDES, _kind, _number, _out, _params, _q_array, _q_star, _sigmas, _sparsity
 
 __all__ = [
     "SPARSE_KINDS",
@@ -74,12 +79,10 @@ __all__ = [
     "solve_sparse_eoc",
 ]
 
-UNCLIPPED_KINDS: tuple[str, ...] = ("relu_tau", "soft_threshold")
-CLIPPED_KINDS: tuple[str, ...] = ("crelu", "cst")
+UNCLIPPED_KINDS: tuple[str, ...] = UNCLIPPED_SPARSE_ACTIVATIONS
+CLIPPED_KINDS: tuple[str, ...] = CLIPPED_SPARSE_ACTIVATIONS
 SPARSE_KINDS: tuple[str, ...] = UNCLIPPED_KINDS + CLIPPED_KINDS
 
-# one-sided (ReLU-like) kinds versus the odd (soft-threshold) ones: c in V = sigma_w^2 c F + sigma_b^2
-_SIDES = {"relu_tau": 1, "crelu": 1, "soft_threshold": 2, "cst": 2}
 
 # Curvature at which a clipped EOC initialization is flagged as practically unstable, on the
 # scale-free q* V''(q*) (= V''(q*) at the paper's q* = 1). In Table 2 (100-layer, width-300 DNNs on
@@ -108,105 +111,6 @@ _FP_GRID = 4001
 _FP_MERGE_RTOL = 1e-7
 _FP_TANGENT_TOL = 1e-10
 _STABLE_MARGIN = 1e-9
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _kind(kind) -> str:
-    if not isinstance(kind, str) or kind not in _SIDES:
-        raise SigpropError(
-            "unsupported_activation",
-            f"sparse EOC is defined for {', '.join(SPARSE_KINDS)}; got {kind!r}",
-            "use relu_tau or soft_threshold (Price et al. eqs. 7, 8) or their clipped variants "
-            "crelu and cst (eqs. 9, 10)",
-        )
-    return kind
-
-
-def _number(name: str, value, *, code: str = "invalid_request") -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise SigpropError(code, f"{name} must be a number, got {value!r}",
-                           f"give {name} as a finite number") from None
-    if not math.isfinite(v):
-        raise SigpropError(code, f"{name} must be finite, got {value!r}",
-                           f"give {name} as a finite number")
-    return v
-
-
-def _q_star(q_star) -> float:
-    q = _number("q_star", q_star, code="invalid_target")
-    if q <= 0:
-        raise SigpropError("invalid_target", f"q_star = {q_star!r} is not a positive number",
-                           "q_star is the fixed point of the variance map; the default is 1")
-    return q
-
-
-def _params(kind: str, tau, m) -> tuple[float, float | None]:
-    t = _number("tau", tau)
-    if t < 0:
-        raise SigpropError("invalid_request", f"threshold tau of {kind!r} must be >= 0, got {tau!r}",
-                           "tau is the sparsifying threshold; tau = 0 gives no sparsification")
-    if kind in CLIPPED_KINDS:
-        if m is None:
-            raise SigpropError("invalid_request", f"{kind!r} needs a clip level m",
-                               "m is the magnitude at which the activation is clipped (eqs. 9, 10)")
-        mm = _number("m", m)
-        if mm <= 0:
-            raise SigpropError("invalid_request", f"clip level m of {kind!r} must be > 0, got {m!r}",
-                               "m is the magnitude at which the activation is clipped")
-        return t, mm
-    if m is not None:
-        raise SigpropError("invalid_request", f"{kind!r} is not clipped and takes no m (got {m!r})",
-                           "pass m=None, or use the clipped variant "
-                           + ("crelu" if kind == "relu_tau" else "cst"))
-    return t, None
-
-
-def _sigmas(sigma_w2, sigma_b2=0.0) -> tuple[float, float]:
-    w = _number("sigma_w2", sigma_w2)
-    b = _number("sigma_b2", sigma_b2)
-    if w <= 0:
-        raise SigpropError("invalid_request", f"sigma_w2 must be > 0, got {sigma_w2!r}",
-                           "sigma_w^2 is the weight variance times fan_in")
-    if b < 0:
-        raise SigpropError("invalid_request", f"sigma_b2 must be >= 0, got {sigma_b2!r}",
-                           "sigma_b^2 is the bias variance")
-    return w, b
-
-
-def _q_array(q) -> np.ndarray:
-    try:
-        qa = np.asarray(q, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise SigpropError("invalid_request", f"q must be a number or an array of numbers, got {q!r}",
-                           "q is the pre-activation variance, q > 0") from None
-    if not (np.all(np.isfinite(qa)) and np.all(qa > 0)):
-        raise SigpropError("invalid_request", "every q must be finite and > 0",
-                           "q is the pre-activation variance, q > 0")
-    return qa
-
-
-def _out(x: np.ndarray, like: np.ndarray):
-    return float(x) if like.ndim == 0 else x
-
-
-def _sparsity(kind: str, s) -> float:
-    v = _number("sparsity", s, code="invalid_target")
-    if not 0.0 < v < 1.0:
-        raise SigpropError("invalid_target", f"sparsity must lie in (0, 1), got {s!r}",
-                           "sparsity is the expected fraction of exact zeros, e.g. 0.8")
-    if _SIDES[kind] == 1 and v < 0.5:
-        raise SigpropError(
-            "invalid_target",
-            f"{kind!r} cannot reach sparsity {v:g} < 0.5: it would need tau = sqrt(q*) "
-            f"Phi^-1({v:g}) < 0",
-            "ReLU-type activations zero out at least half of N(0, q*) with tau >= 0 (eq. 57); "
-            "use sparsity >= 0.5, or soft_threshold / cst, which reach any sparsity in (0, 1) (eq. 58)",
-        )
-    return v
 
 
 # --------------------------------------------------------------------------- closed forms
@@ -263,8 +167,9 @@ def expected_sparsity(kind: str, tau: float, q: float = 1.0) -> float:
     k = _kind(kind)
     t = _number("tau", tau)
     if t < 0:
-        raise SigpropError("invalid_request", f"threshold tau must be >= 0, got {tau!r}",
-                           "tau is the sparsifying threshold")
+        raise SigpropError(
+            "invalid_request", f"threshold tau must be >= 0, got {tau!r}", "tau is the sparsifying threshold"
+        )
     qq = float(_q_array(q))
     a = t / math.sqrt(qq)
     return float(ndtr(a)) if _SIDES[k] == 1 else float(ndtr(a) - ndtr(-a))
@@ -295,8 +200,7 @@ def variance_slope(kind: str, q, tau: float, m: float | None, sigma_w2: float, s
     return _out(w * _SIDES[k] * f1, qa)
 
 
-def variance_curvature(kind: str, q, tau: float, m: float | None, sigma_w2: float,
-                       sigma_b2: float = 0.0):
+def variance_curvature(kind: str, q, tau: float, m: float | None, sigma_w2: float, sigma_b2: float = 0.0):
     """V''(q) in closed form: sigma_w^2 tau gamma(tau / sqrt q) / (2 q^{3/2}) for ReLU_tau (40),
     twice that for ST_tau (43); for CReLU the derivative of (50),
     sigma_w^2 [(a gamma(a) - b gamma(b)) / (2q) - m gamma(b) (b^2 - 1) / (2 q^{3/2})], twice that for
@@ -342,8 +246,7 @@ def sigma_w2_for_eoc(kind: str, tau: float, m: float | None = None, q_star: floa
     return 1.0 / d
 
 
-def sigma_b2_for_fixed_point(kind: str, tau: float, m: float | None, sigma_w2: float,
-                             q_star: float = 1.0) -> float:
+def sigma_b2_for_fixed_point(kind: str, tau: float, m: float | None, sigma_w2: float, q_star: float = 1.0) -> float:
     """sigma_b^2 = q* - sigma_w^2 E[phi(sqrt(q*) z)^2], i.e. V(q*) = q* (Appendix A, step iii).
 
     Zero is allowed; a negative value raises ``unreachable_target`` (no bias variance puts the fixed
@@ -370,15 +273,16 @@ def eoc_v_slope(kind: str, tau: float, m: float, q_star: float = 1.0) -> float:
     (equations 17, 18 with chi_1 = 1); the same for crelu and cst."""
     k = _kind(kind)
     if k not in CLIPPED_KINDS:
-        raise SigpropError("invalid_target", f"{k!r} has V'(q*) = 1 on the EOC",
-                           "only crelu and cst have an adjustable V'(q*)")
+        raise SigpropError(
+            "invalid_target", f"{k!r} has V'(q*) = 1 on the EOC", "only crelu and cst have an adjustable V'(q*)"
+        )
     t, mm = _params(k, tau, m)
     q = _q_star(q_star)
     p, _, f1, _ = _half(np.float64(q), t, mm)
     if not p > 0.0:
-        raise SigpropError("unreachable_target",
-                           f"{k!r} with tau = {t:g}, m = {mm:g} has no EOC at q* = {q:g}",
-                           "lower tau or raise m")
+        raise SigpropError(
+            "unreachable_target", f"{k!r} with tau = {t:g}, m = {mm:g} has no EOC at q* = {q:g}", "lower tau or raise m"
+        )
     return float(f1 / p)
 
 
@@ -405,13 +309,16 @@ def clip_for_v_slope(kind: str, s: float, v_slope: float, q_star: float = 1.0) -
     """
     k = _kind(kind)
     if k not in CLIPPED_KINDS:
-        raise SigpropError("invalid_target", f"{k!r} is not clipped: its V'(q*) is 1 on the EOC",
-                           "a V'(q*) target needs crelu or cst")
+        raise SigpropError(
+            "invalid_target", f"{k!r} is not clipped: its V'(q*) is 1 on the EOC", "a V'(q*) target needs crelu or cst"
+        )
     v = _number("v_slope", v_slope, code="invalid_target")
     if not 0.0 < v < 1.0:
-        raise SigpropError("invalid_target", f"v_slope = V'(q*) must lie in (0, 1), got {v_slope!r}",
-                           "the clipped kinds have 0 < V'(q*) < 1 on the EOC (eqs. 17, 18); "
-                           "the paper uses 0.5, 0.7 and 0.9")
+        raise SigpropError(
+            "invalid_target",
+            f"v_slope = V'(q*) must lie in (0, 1), got {v_slope!r}",
+            "the clipped kinds have 0 < V'(q*) < 1 on the EOC (eqs. 17, 18); the paper uses 0.5, 0.7 and 0.9",
+        )
     tau = threshold_for_sparsity(k, s, q_star)
     q = _q_star(q_star)
     lo, hi = _m_bracket(q)
@@ -420,22 +327,36 @@ def clip_for_v_slope(kind: str, s: float, v_slope: float, q_star: float = 1.0) -
         raise SigpropError(
             "unreachable_target",
             f"V'(q*) = {v:g} is out of reach for {k!r} at sparsity {float(s):g}",
-            f"at sparsity {float(s):g} the reachable V'(q*) is [{v_lo:.6g}, {v_hi:.17g}] "
-            f"(m in [{lo:.3g}, {hi:.3g}])",
+            f"at sparsity {float(s):g} the reachable V'(q*) is [{v_lo:.6g}, {v_hi:.17g}] (m in [{lo:.3g}, {hi:.3g}])",
         )
     if v == v_lo:
         return lo
     if v == v_hi:
         return hi
-    return float(brentq(lambda mm: eoc_v_slope(k, tau, mm, q) - v, lo, hi,
-                        xtol=1e-14 * math.sqrt(q), rtol=4 * np.finfo(float).eps, maxiter=200))
+    return float(
+        brentq(
+            lambda mm: eoc_v_slope(k, tau, mm, q) - v,
+            lo,
+            hi,
+            xtol=1e-14 * math.sqrt(q),
+            rtol=4 * np.finfo(float).eps,
+            maxiter=200,
+        )
+    )
 
 
 # --------------------------------------------------------------------------- fixed points
 
 
-def fixed_points(kind: str, tau: float, m: float | None, sigma_w2: float, sigma_b2: float,
-                 q_star: float = 1.0, q_max_factor: float = 50.0) -> list[tuple[float, bool]]:
+def fixed_points(
+    kind: str,
+    tau: float,
+    m: float | None,
+    sigma_w2: float,
+    sigma_b2: float,
+    q_star: float = 1.0,
+    q_max_factor: float = 50.0,
+) -> list[tuple[float, bool]]:
     """All fixed points V(q) = q on (0, q_max_factor q*], ascending, each with its local stability
     |V'(q)| < 1 (strictly: |V'| >= 1 - 1e-9 counts as unstable, so tangent points are unstable).
 
@@ -453,8 +374,11 @@ def fixed_points(kind: str, tau: float, m: float | None, sigma_w2: float, sigma_
     qs = _q_star(q_star)
     qmf = _number("q_max_factor", q_max_factor)
     if qmf <= 0:
-        raise SigpropError("invalid_request", f"q_max_factor must be > 0, got {q_max_factor!r}",
-                           "the search covers (0, q_max_factor q*]; the default is 50")
+        raise SigpropError(
+            "invalid_request",
+            f"q_max_factor must be > 0, got {q_max_factor!r}",
+            "the search covers (0, q_max_factor q*]; the default is 50",
+        )
     c = _SIDES[k]
     q_hi = qmf * qs
 
@@ -473,8 +397,7 @@ def fixed_points(kind: str, tau: float, m: float | None, sigma_w2: float, sigma_
     q_lo = b if b > 0.0 else 1e-8 * qs
     if q_lo >= q_hi:
         return []
-    grid = np.unique(np.concatenate([np.geomspace(q_lo, q_hi, _FP_GRID),
-                                     [qs] if q_lo < qs < q_hi else []]))
+    grid = np.unique(np.concatenate([np.geomspace(q_lo, q_hi, _FP_GRID), [qs] if q_lo < qs < q_hi else []]))
     fv = f(grid)
     roots: list[float] = [float(x) for x in grid[fv == 0.0]]
     sgn = np.sign(fv)
@@ -485,8 +408,9 @@ def fixed_points(kind: str, tau: float, m: float | None, sigma_w2: float, sigma_
     cands = [qs] if q_lo <= qs <= q_hi else []
     ds = np.sign(dv)
     for i in np.nonzero(ds[:-1] * ds[1:] < 0)[0]:
-        cands.append(float(brentq(lambda x: float(slope(x)) - 1.0, grid[i], grid[i + 1],
-                                  xtol=1e-15 * grid[i], maxiter=200)))
+        cands.append(
+            float(brentq(lambda x: float(slope(x)) - 1.0, grid[i], grid[i + 1], xtol=1e-15 * grid[i], maxiter=200))
+        )
     for qc in cands:
         if abs(float(f(qc))) <= _FP_TANGENT_TOL * max(qc, qs):
             roots.append(qc)
@@ -515,11 +439,15 @@ def jacobian_spectrum_variance(sigma_w2: float, depth: int, orthogonal: bool) ->
     """
     w = _number("sigma_w2", sigma_w2)
     if w <= 0:
-        raise SigpropError("invalid_request", f"sigma_w2 must be > 0, got {sigma_w2!r}",
-                           "sigma_w^2 is the weight variance times fan_in")
+        raise SigpropError(
+            "invalid_request",
+            f"sigma_w2 must be > 0, got {sigma_w2!r}",
+            "sigma_w^2 is the weight variance times fan_in",
+        )
     if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
-        raise SigpropError("invalid_request", f"depth must be a positive integer, got {depth!r}",
-                           "depth is the number of layers L")
+        raise SigpropError(
+            "invalid_request", f"depth must be a positive integer, got {depth!r}", "depth is the number of layers L"
+        )
     s1 = 0.0 if orthogonal else -1.0
     return float(int(depth) * (w - 1.0 - s1))
 
@@ -544,9 +472,14 @@ class SparseEOCSolution:
     warnings: list[str] = field(default_factory=list)
 
 
-def solve_sparse_eoc(kind: str, sparsity: float, v_slope: float | None = None,
-                     q_star: float = 1.0, *,
-                     curvature_warning: float = CURVATURE_WARNING_THRESHOLD) -> SparseEOCSolution:
+def solve_sparse_eoc(
+    kind: str,
+    sparsity: float,
+    v_slope: float | None = None,
+    q_star: float = 1.0,
+    *,
+    curvature_warning: float = CURVATURE_WARNING_THRESHOLD,
+) -> SparseEOCSolution:
     """EOC initialization of a sparsifying activation at expected sparsity ``sparsity``.
 
     tau from equations 57 / 58; for crelu / cst, m from V'(q*) = v_slope (clip_for_v_slope);
@@ -563,14 +496,7 @@ def solve_sparse_eoc(kind: str, sparsity: float, v_slope: float | None = None,
     s = _sparsity(k, sparsity)
     q = _q_star(q_star)
     cw = _number("curvature_warning", curvature_warning)
-    if k in CLIPPED_KINDS:
-        if v_slope is None:
-            raise SigpropError("invalid_target", f"{k!r} needs a v_slope target V'(q*) in (0, 1)",
-                               "the clip level m is chosen from V'(q*); the paper uses 0.5, 0.7, 0.9")
-    elif v_slope is not None:
-        raise SigpropError(
-            "invalid_target", f"{k!r} takes no v_slope: its V'(q*) is 1 on the EOC (eqs. 39, 43)",
-            f"drop v_slope, or use {'crelu' if k == 'relu_tau' else 'cst'} to choose V'(q*) < 1")
+    _check_v_slope(k, v_slope)
 
     tau = threshold_for_sparsity(k, s, q)
     m = clip_for_v_slope(k, s, v_slope, q) if k in CLIPPED_KINDS else None
@@ -583,6 +509,44 @@ def solve_sparse_eoc(kind: str, sparsity: float, v_slope: float | None = None,
     stable = [r for r, st in fps if st]
     only = len(stable) == 1 and abs(stable[0] - q) <= 1e-6 * q
 
+    warns = _warnings(k, q, tau, vc, cw, fps, only)
+
+    return SparseEOCSolution(
+        kind=k,
+        sparsity=s,
+        tau=tau,
+        m=m,
+        sigma_w2=w,
+        sigma_b2=b,
+        q_star=q,
+        v_slope=float(vs),
+        v_curvature=float(vc),
+        chi_1=float(c1),
+        fixed_points=fps,
+        only_stable=only,
+        warnings=warns,
+    )
+
+
+def _check_v_slope(k: str, v_slope: float | None) -> None:
+    """A v_slope target is required for the clipped kinds and refused for the unclipped ones."""
+    if k in CLIPPED_KINDS:
+        if v_slope is None:
+            raise SigpropError(
+                "invalid_target",
+                f"{k!r} needs a v_slope target V'(q*) in (0, 1)",
+                "the clip level m is chosen from V'(q*); the paper uses 0.5, 0.7, 0.9",
+            )
+    elif v_slope is not None:
+        raise SigpropError(
+            "invalid_target",
+            f"{k!r} takes no v_slope: its V'(q*) is 1 on the EOC (eqs. 39, 43)",
+            f"drop v_slope, or use {'crelu' if k == 'relu_tau' else 'cst'} to choose V'(q*) < 1",
+        )
+
+
+def _warnings(k: str, q: float, tau: float, vc: float, cw: float, fps, only: bool) -> list[str]:
+    """The failure modes the solution is exposed to (see :func:`solve_sparse_eoc`)."""
     warns: list[str] = []
     if k in UNCLIPPED_KINDS:
         if tau > 0.0:
@@ -591,28 +555,29 @@ def solve_sparse_eoc(kind: str, sparsity: float, v_slope: float | None = None,
                 f"V''(q*) = {vc:.3g} > 0, so q* is stable only from the left; finite-width "
                 "fluctuations push q^l above q*, from where it grows exponentially with depth "
                 "(Price et al. section 2, the first failure mode). Use "
-                f"{'crelu' if k == 'relu_tau' else 'cst'} with v_slope < 1.")
+                f"{'crelu' if k == 'relu_tau' else 'cst'} with v_slope < 1."
+            )
         else:
             warns.append(
                 f"marginal variance map: at tau = 0 {k} on the EOC has V(q) = q for every q "
                 "(V'(q*) = 1, V'' = 0), so nothing pulls q^l back to q* and finite-width "
-                "fluctuations accumulate with depth (Price et al. footnote 2).")
+                "fluctuations accumulate with depth (Price et al. footnote 2)."
+            )
     else:
         if q * vc >= cw:
             warns.append(
                 f"large variance-map curvature: q* V''(q*) = {q * vc:.3g} >= {cw:g}. V(q) follows "
                 "the diagonal over an extended interval above q*, so finite-width fluctuations of "
                 "q^l drift to q > q* where the effective chi_1 > 1 (exploding gradients; Price et al. "
-                "section 3.1, Figure 4a, Table 2). Choose a smaller v_slope.")
+                "section 3.1, Figure 4a, Table 2). Choose a smaller v_slope."
+            )
         if not only:
-            others = ", ".join(f"q = {r:.4g} ({'stable' if st else 'unstable'})"
-                               for r, st in fps if abs(r - q) > 1e-6 * q)
+            others = ", ".join(
+                f"q = {r:.4g} ({'stable' if st else 'unstable'})" for r, st in fps if abs(r - q) > 1e-6 * q
+            )
             warns.append(
                 f"q* = {q:g} is not the only stable fixed point of V on (0, {50 * q:g}]: other "
                 f"fixed points at {others}; q^l can be captured by a larger one, where chi_1 > 1 "
-                "(Price et al. figure 4b). Choose a smaller v_slope.")
-
-    return SparseEOCSolution(
-        kind=k, sparsity=s, tau=tau, m=m, sigma_w2=w, sigma_b2=b, q_star=q, v_slope=float(vs),
-        v_curvature=float(vc), chi_1=float(c1), fixed_points=fps, only_stable=only,
-        warnings=warns)
+                "(Price et al. figure 4b). Choose a smaller v_slope."
+            )
+    return warns

@@ -20,8 +20,8 @@ written by hand as dks users do today.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -36,8 +36,8 @@ _OP_PASS, _OP_ACT, _OP_MIX = 0, 1, 2
 
 @dataclass(frozen=True)
 class _Group:
-    start: int | None          # entry node; None = the network's inputs (the whole network f)
-    steps: tuple               # (node, op, inputs, coefficients or fn slot) in topological order
+    start: int | None  # entry node; None = the network's inputs (the whole network f)
+    steps: tuple  # (node, op, inputs, coefficients or fn slot) in topological order
     endpoints: tuple[int, ...]  # nodes t whose largest subnetwork starts at ``start``
 
 
@@ -60,13 +60,15 @@ class SubnetworkProgram:
 
     def maximize(self, x, r: LocalMap):
         """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
-        best = None
+        found = []
         for g in self.groups:
             vals = self._run(g, x, r)
-            for t in g.endpoints:
-                v = vals[t]
-                best = v if best is None else np.maximum(best, v)
-        return best
+            found.extend(vals[t] for t in g.endpoints)
+        if len(found) == 1:
+            return found[0]
+        # one reduction instead of a numpy call per endpoint (thousands on a ladder); the same
+        # maximum, elementwise for an array x
+        return np.maximum.reduce(np.asarray(found))
 
     def argmax(self, x: float, r: LocalMap) -> str:
         """A readable name of the subnetwork that attains M_{f,r}(x)."""
@@ -77,8 +79,14 @@ class SubnetworkProgram:
             for t in g.endpoints:
                 if vals[t] > best * (1 + 1e-12) + 1e-15:
                     best = vals[t]
-                    name = "the whole network" if (g.start is None and t == self.output) else (
-                        f"from {'the input' if g.start is None else repr(self.user_ids[g.start])} to {self.user_ids[t]!r}")
+                    name = (
+                        "the whole network"
+                        if (g.start is None and t == self.output)
+                        else (
+                            f"from {'the input' if g.start is None else repr(self.user_ids[g.start])} "
+                            f"to {self.user_ids[t]!r}"
+                        )
+                    )
         return name
 
     @staticmethod
@@ -93,7 +101,7 @@ class SubnetworkProgram:
                 vals[node] = r(vals[ins], arg)
             else:
                 acc = 0.0
-                for i, coef in zip(ins, arg):
+                for i, coef in zip(ins, arg, strict=False):
                     acc = acc + coef * vals[i]
                 vals[node] = acc
         return vals
@@ -127,24 +135,46 @@ def _dominators(preds: list[list[int]], root: int) -> tuple[list[int], list[int]
     return idom, depth
 
 
-def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
-    """Find the largest subnetwork ending at each node and compile the passes M_{f,r} needs."""
-    n = graph.n
-    nodes = graph.nodes
-    preds = [list(nd.inputs) for nd in nodes]
-    succs = graph.consumers()
-    root = n
+def _valid_steps(preds: list[list[int]], idom: list[int], pdom: Callable[[int, int], bool], root: int) -> list[bool]:
+    """For each node s (in topological order), whether every node of the region between idom(s)
+    and s (on a path idom(s) -> s, idom(s) excluded) is post-dominated by s.
 
-    idom, _ = _dominators(preds, root)
-    # Post-dominators: the same computation on the reversed graph (node k -> n-1-k), sink = output.
-    rev_preds = [[n - 1 - s for s in succs[n - 1 - k]] for k in range(n)]
-    ridom, _ = _dominators(rev_preds, root)
-    ipdom = [root if ridom[n - 1 - v] == root else n - 1 - ridom[n - 1 - v] for v in range(n)]
+    The walk back from s jumps over what is known already: for a node v of the region whose own
+    step is valid, everything between idom(v) and v is post-dominated by v, hence by s, so the walk
+    goes on from idom(v) instead of v's inputs. A node where the fan-out of one node to thousands
+    of sums meets (the "ladder") is then visited once per sum, not once per node before it:
+    each walk visits the dominator-tree path between s and idom(s) plus the inputs of the nodes
+    with an invalid step, about linear in nodes + edges for the usual architectures (the old
+    walk of whole regions was quadratic on the ladder)."""
+    valid = [False] * len(preds)
+    for s in range(len(preds)):
+        d = idom[s]
+        seen = {s}
+        stack = [p for p in preds[s] if p != d]
+        ok = True
+        while stack and ok:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if not pdom(s, v):
+                ok = False
+            elif valid[v]:
+                if idom[v] != d and idom[v] != root:
+                    stack.append(idom[v])
+            else:
+                stack.extend(p for p in preds[v] if p != d)
+        valid[s] = ok
+    return valid
 
-    # Euler intervals of the post-dominator tree: t post-dominates v iff v is in t's subtree.
+
+def _euler_intervals(parent: list[int], root: int) -> tuple[list[int], list[int]]:
+    """Entry and exit times of a DFS over the tree of ``parent`` (nodes 0..n-1, ``root`` = n):
+    u is in v's subtree iff tin[v] <= tin[u] and tout[u] <= tout[v]. O(n)."""
+    n = len(parent)
     children: list[list[int]] = [[] for _ in range(n + 1)]
     for v in range(n):
-        children[ipdom[v]].append(v)
+        children[parent[v]].append(v)
     tin = [0] * (n + 1)
     tout = [0] * (n + 1)
     clock = 0
@@ -159,6 +189,46 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
             stack.append((children[v][i], 0))
         else:
             tout[v] = clock
+    return tin, tout
+
+
+def _step(nodes, v: int) -> tuple:
+    """The evaluation step of node v: (node, op, inputs, coefficients or None)."""
+    nd = nodes[v]
+    if nd.kind == SOURCE:
+        return (v, _OP_PASS, None, None)
+    if nd.kind == ACT:
+        return (v, _OP_ACT, nd.inputs[0], None)
+    if nd.kind == SUM:
+        return (v, _OP_MIX, nd.inputs, tuple(w * w for w in nd.attrs["weights"]))
+    if nd.kind == CONCAT:
+        widths = [nodes[i].width for i in nd.inputs]
+        total = float(sum(widths))
+        return (v, _OP_MIX, nd.inputs, tuple(w / total for w in widths))
+    return (v, _OP_PASS, nd.inputs[0], None)
+
+
+def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
+    """Find the largest subnetwork ending at each node and compile the passes M_{f,r} needs.
+
+    Cost: near-linear in nodes + edges. The dominator and post-dominator trees (``_dominators``),
+    the Euler intervals and the climbs are linear or near it on these graphs; the single-exit
+    test of each step is ``_valid_steps`` (jumps over solved regions); each group's region is
+    walked once. Evaluating M_{f,r} then costs the sum of the groups' sizes per point."""
+    n = graph.n
+    nodes = graph.nodes
+    preds = [list(nd.inputs) for nd in nodes]
+    succs = graph.consumers()
+    root = n
+
+    idom, _ = _dominators(preds, root)
+    # Post-dominators: the same computation on the reversed graph (node k -> n-1-k), sink = output.
+    rev_preds = [[n - 1 - s for s in succs[n - 1 - k]] for k in range(n)]
+    ridom, _ = _dominators(rev_preds, root)
+    ipdom = [root if ridom[n - 1 - v] == root else n - 1 - ridom[n - 1 - v] for v in range(n)]
+
+    # Euler intervals of the post-dominator tree: t post-dominates v iff v is in t's subtree.
+    tin, tout = _euler_intervals(ipdom, root)
 
     def pdom(t: int, v: int) -> bool:
         return tin[t] <= tin[v] and tout[v] <= tout[t]
@@ -176,7 +246,7 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
         return seen
 
     # valid_step[s]: the region between idom(s) and s leaves only through s.
-    valid_step = [all(pdom(s, v) for v in region(idom[s], [s])) for s in range(n)]
+    valid_step = _valid_steps(preds, idom, pdom, root)
 
     # s*(t): climb the dominator tree while the region stays single-exit, jumping over the part
     # already solved for the node climbed onto (everything it post-dominates, t does too).
@@ -204,27 +274,15 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
     for start in sorted(by_start, key=lambda s: -1 if s == root else s):
         ends = by_start[start]
         members = sorted(region(start, ends) - {start})
-        steps = []
-        for v in members:
-            nd = nodes[v]
-            if nd.kind == SOURCE:
-                steps.append((v, _OP_PASS, None, None))
-            elif nd.kind == ACT:
-                steps.append((v, _OP_ACT, nd.inputs[0], None))
-            elif nd.kind == SUM:
-                steps.append((v, _OP_MIX, nd.inputs, tuple(w * w for w in nd.attrs["weights"])))
-            elif nd.kind == CONCAT:
-                widths = [nodes[i].width for i in nd.inputs]
-                total = float(sum(widths))
-                steps.append((v, _OP_MIX, nd.inputs, tuple(w / total for w in widths)))
-            else:
-                steps.append((v, _OP_PASS, nd.inputs[0], None))
+        steps = [_step(nodes, v) for v in members]
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
 
     fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
     # Resolve activation slots now so evaluation needs no lookups.
     resolved = []
     for g in groups:
-        steps = tuple((v, op, ins, fn_slot[nodes[v].attrs["fn"]] if op == _OP_ACT else arg) for v, op, ins, arg in g.steps)
+        steps = tuple(
+            (v, op, ins, fn_slot[nodes[v].attrs["fn"]] if op == _OP_ACT else arg) for v, op, ins, arg in g.steps
+        )
         resolved.append(_Group(g.start, steps, g.endpoints))
     return SubnetworkProgram(tuple(resolved), graph.output, tuple(nd.user_id for nd in nodes))

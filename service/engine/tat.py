@@ -33,15 +33,19 @@ def max_c_value(program: SubnetworkProgram, negative_slope: float) -> float:
 def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
     """Negative slope a with mu_f^0(a) = eta (Algorithm 1)."""
     if not 0.0 <= eta < 1.0:
-        raise SigpropError("invalid_target", f"eta = {eta} is outside [0, 1)",
-                           "eta is a C map value at 0: use 0 <= eta < 1 (the paper uses 0.9 or 0.95)")
+        raise SigpropError(
+            "invalid_target",
+            f"eta = {eta} is outside [0, 1)",
+            "eta is a C map value at 0: use 0 <= eta < 1 (the paper uses 0.9 or 0.95)",
+        )
     reachable = max_c_value(program, 0.0)  # a = 0 (ReLU) is the most nonlinear Leaky ReLU
     if eta > reachable:
         raise SigpropError(
             "unreachable_target",
             f"eta = {eta} is more than this network can reach: the largest maximal C_f(0) over its "
             f"subnetworks is {reachable:.6f}, at negative slope 0 (ReLU)",
-            f"use eta <= {math.floor(reachable * 1e6) / 1e6:.6f}, or a deeper network")
+            f"use eta <= {math.floor(reachable * 1e6) / 1e6:.6f}, or a deeper network",
+        )
     if eta == reachable:
         return 0.0
     if eta == 0.0:
@@ -51,8 +55,8 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
 
 @dataclass(frozen=True)
 class SmoothTAT:
-    kappa: float            # mu_f^2(C''(1)) / C''(1)
-    local_c_curv_1: float   # per-layer C''(1) target
+    kappa: float  # mu_f^2(C''(1)) / C''(1)
+    local_c_curv_1: float  # per-layer C''(1) target
     transform: TransformSolution
 
 
@@ -64,12 +68,18 @@ def curvature_multiplier(program: SubnetworkProgram) -> float:
 def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) -> SmoothTAT:
     """alpha, beta, gamma, delta with maximal C''_g(1) = tau and Q(1) = Q'(1) = C'(1) = 1 (Algorithm 2)."""
     if not tau > 0.0:
-        raise SigpropError("invalid_target", f"tau = {tau} is not positive",
-                           "tau is the maximal C''_f(1) over subnetworks: use a small positive value such as 0.3")
+        raise SigpropError(
+            "invalid_target",
+            f"tau = {tau} is not positive",
+            "tau is the maximal C''_f(1) over subnetworks: use a small positive value such as 0.3",
+        )
     kappa = curvature_multiplier(program)
     if kappa <= 1e-12:
-        raise SigpropError("unreachable_target", "the network has no nonlinear layer, so C''_f(1) = 0 for any tau",
-                           "add activation nodes to the graph")
+        raise SigpropError(
+            "unreachable_target",
+            "the network has no nonlinear layer, so C''_f(1) = 0 for any tau",
+            "add activation nodes to the graph",
+        )
     local = tau / kappa
     try:
         return SmoothTAT(kappa, local, solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local))
@@ -77,10 +87,14 @@ def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) ->
         # Say what is reachable: the largest of a few smaller targets that solves quickly.
         for factor in (0.5, 0.1, 0.01):
             try:
-                solve_transform(act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local * factor, num_tries=6, eval_budget=400)
+                solve_transform(
+                    act, c_slope_1=1.0, q_slope_1=1.0, c_curv_1=local * factor, num_tries=6, eval_budget=400
+                )
             except SigpropError:
                 continue
-            err.hint = (f"tau = {tau * factor:.6g} is reachable for '{act.name}' on this graph "
-                        f"(kappa = {kappa:.6g} curvature units per layer); ask for at most that, or use a deeper network")
+            err.hint = (
+                f"tau = {tau * factor:.6g} is reachable for '{act.name}' on this graph "
+                f"(kappa = {kappa:.6g} curvature units per layer); ask for at most that, or use a deeper network"
+            )
             break
         raise

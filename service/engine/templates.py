@@ -23,7 +23,13 @@ Templates
     residual branches are weighted ``shortcut_weight`` and ``sqrt(1 - shortcut_weight**2)``.
     ``shortcut_weight == 0`` removes the shortcut branches (and their projection convs)
     entirely, as the reference does. Version 2 matches the reference model node for node.
-    Version 1 follows the reference too, with one deliberate difference: with
+    Version 1 expands to the reference's post-activation network as it is, because a template
+    must equal the hand-written graph of its network; with shortcuts (``shortcut_weight > 0``) its
+    identity shortcuts carry post-activation features into the activation after each sum, which
+    the kernel theory does not cover, so solving it answers ``unsupported_structure`` (or, with
+    ``"assumptions": "warn"``, an answer whose warnings say which predictions fail). Version 2 is
+    the layout to use; version 1 without shortcuts is a plain network and fine. Version 1 follows
+    the reference too, with one deliberate difference: with
     ``shortcut_weight == 0`` the reference ``BlockV1`` returns its last conv *without* the
     block's closing activation (``else: return out``), while its ``subnet_max_func`` (the
     function its DKS/TAT transformation is solved from) counts one activation per block in
@@ -33,18 +39,34 @@ Templates
 ``densenet``
     DenseNet-BC (bottleneck layers, compression 0.5) without batch norm, after torchvision's
     ``DenseNet``: depths 121/169/201/264 are the ImageNet networks (stem conv 7x7 stride 2 ->
-    activation -> max_pool 3 stride 2, four dense blocks); any other depth ``6n + 4`` is the
+    max_pool 3 stride 2, four dense blocks); any other depth ``6n + 4`` is the
     CIFAR network (stem conv 3x3, three dense blocks of ``n`` layers, no pooling in the stem).
     A dense layer is activation -> conv 1x1 (4 * growth_rate) -> activation -> conv 3x3
     (growth_rate), followed by a ``concat`` of the block input and every layer output so far;
     a transition is activation -> conv 1x1 (half the channels) -> avg_pool 2 stride 2; the head
-    is activation -> global_avg_pool -> dense(classes) -> output.
+    is activation -> global_avg_pool -> dense(classes) -> output. The ImageNet stem has no
+    activation (torchvision's relu0 after its norm0): without batch norm, its output would reach
+    every activation of the first dense block through the concatenations, as post-activation
+    features outside the kernel theory (``sigprop.schemas.structure``); each dense layer starts with its own
+    activation, as in a pre-activation ResNet. The depth names the weighted layers (120 convs and
+    the classifier for DenseNet-121), as in the DenseNet paper.
+
+Registry
+--------
+Each template is one :class:`TemplateSpec` in ``TEMPLATES``: its name, description, documented
+parameters (which are also the only ``Template`` fields it accepts), its expander and its exact
+size from the parameters. Adding a template is adding one entry (and its name to
+``sigprop.schemas.Template``). Expansion refuses templates over the one node limit of sigprop,
+``Settings.max_nodes`` (``SIGPROP_MAX_NODES``), the same limit the service checks with
+:func:`template_size` before it expands anything.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,27 +74,59 @@ from pydantic import ValidationError
 from sigprop.errors import SigpropError
 from sigprop.schemas import GRAPH_SCHEMA, Graph, Template
 
-TEMPLATE_NAMES = ("mlp", "resnet", "densenet", "cnn")
+from .template_builder import (
+    _BIAS,
+    _DEPTH_LIMIT,
+    TemplateSize,
+    _bad,
+    _Builder,
+    _image_shape,
+    _param,
+    _require_depth,
+)
 
-# Expansion guards: the schema lets ``depth`` go to 100000 (an MLP of that depth is ~200k nodes);
-# the quadratic concat lists of a very deep CIFAR DenseNet are cut off well before they get slow.
-MAX_TEMPLATE_NODES = 250_000
+# Expansion guard besides the node limit (``node_limit``): the quadratic concat lists of a very deep
+# CIFAR DenseNet are cut off well before they get slow.
 MAX_TEMPLATE_EDGES = 1_000_000  # also keeps every concat under the schema's 4096 inputs
 
 # ModifiedResNet.CONFIGS of dks/examples/haiku/modified_resnet.py, verbatim.
 RESNET_CONFIGS: dict[int, dict[str, Any]] = {
-    18: {"blocks_per_group": (2, 2, 2, 2), "bottleneck": False,
-         "channels_per_group": (64, 128, 256, 512), "use_projection": (False, True, True, True)},
-    34: {"blocks_per_group": (3, 4, 6, 3), "bottleneck": False,
-         "channels_per_group": (64, 128, 256, 512), "use_projection": (False, True, True, True)},
-    50: {"blocks_per_group": (3, 4, 6, 3), "bottleneck": True,
-         "channels_per_group": (256, 512, 1024, 2048), "use_projection": (True, True, True, True)},
-    101: {"blocks_per_group": (3, 4, 23, 3), "bottleneck": True,
-          "channels_per_group": (256, 512, 1024, 2048), "use_projection": (True, True, True, True)},
-    152: {"blocks_per_group": (3, 8, 36, 3), "bottleneck": True,
-          "channels_per_group": (256, 512, 1024, 2048), "use_projection": (True, True, True, True)},
-    200: {"blocks_per_group": (3, 24, 36, 3), "bottleneck": True,
-          "channels_per_group": (256, 512, 1024, 2048), "use_projection": (True, True, True, True)},
+    18: {
+        "blocks_per_group": (2, 2, 2, 2),
+        "bottleneck": False,
+        "channels_per_group": (64, 128, 256, 512),
+        "use_projection": (False, True, True, True),
+    },
+    34: {
+        "blocks_per_group": (3, 4, 6, 3),
+        "bottleneck": False,
+        "channels_per_group": (64, 128, 256, 512),
+        "use_projection": (False, True, True, True),
+    },
+    50: {
+        "blocks_per_group": (3, 4, 6, 3),
+        "bottleneck": True,
+        "channels_per_group": (256, 512, 1024, 2048),
+        "use_projection": (True, True, True, True),
+    },
+    101: {
+        "blocks_per_group": (3, 4, 23, 3),
+        "bottleneck": True,
+        "channels_per_group": (256, 512, 1024, 2048),
+        "use_projection": (True, True, True, True),
+    },
+    152: {
+        "blocks_per_group": (3, 8, 36, 3),
+        "bottleneck": True,
+        "channels_per_group": (256, 512, 1024, 2048),
+        "use_projection": (True, True, True, True),
+    },
+    200: {
+        "blocks_per_group": (3, 24, 36, 3),
+        "bottleneck": True,
+        "channels_per_group": (256, 512, 1024, 2048),
+        "use_projection": (True, True, True, True),
+    },
 }
 RESNET_STRIDES = (1, 2, 2, 2)
 
@@ -84,211 +138,65 @@ DENSENET_IMAGENET_CONFIGS: dict[int, tuple[int, ...]] = {
     264: (6, 12, 64, 48),
 }
 
-# Which Template fields each template reads; any other field set is rejected, not ignored.
-_PARAMS: dict[str, tuple[str, ...]] = {
-    "mlp": ("depth", "width", "input_shape", "classes", "bias"),
-    "cnn": ("depth", "width", "input_shape", "classes", "bias"),
-    "resnet": ("depth", "version", "shortcut_weight", "input_shape", "classes", "bias"),
-    "densenet": ("depth", "growth_rate", "input_shape", "classes", "bias"),
-}
-_ALL_FIELDS = ("depth", "width", "input_shape", "version", "shortcut_weight", "growth_rate", "classes", "bias")
 
-_DEPTH_LIMIT = 100_000  # Template.depth's schema bound
+# Every field a template may take, in the order of Template (errors list unknown ones in this order).
+_ALL_FIELDS = tuple(f for f in Template.model_fields if f != "template")
 
 
-def _param(name: str, type_: str, description: str, *, required: bool = False, default: Any = None,
-           allowed: list | None = None, minimum: float | None = None, maximum: float | None = None) -> dict:
-    p: dict[str, Any] = {"name": name, "type": type_, "required": required, "default": default}
-    if allowed is not None:
-        p["allowed"] = allowed
-    if minimum is not None:
-        p["minimum"] = minimum
-    if maximum is not None:
-        p["maximum"] = maximum
-    p["description"] = description
-    return p
+def node_limit() -> int:
+    """The most nodes a template may expand to: sigprop's one node limit, ``Settings.max_nodes``
+    (``SIGPROP_MAX_NODES``, default 100,000), which the service also checks from
+    :func:`template_size` before expanding. Read from the environment on first use."""
+    from sigprop.settings import get_node_limit  # here, not at the top: only expansions pay for pydantic-settings
+
+    try:
+        return get_node_limit()
+    except ValidationError as exc:
+        raise SigpropError(
+            "invalid_request",
+            f"SIGPROP_MAX_NODES: {exc.errors(include_url=False)[0]['msg']}",
+            "set SIGPROP_MAX_NODES to a positive number of nodes, or unset it (100000)",
+        ) from None
 
 
-_BIAS = _param("bias", "boolean", "whether dense and conv layers have a bias", default=True)
+# -- mlp ------------------------------------------------------------------------------------------
 
-_DESCRIPTIONS: list[dict] = [
-    {
-        "name": "mlp",
-        "description": "Fully connected network: depth x (dense(width) -> activation), then dense(classes). "
-                       "A [channels, height, width] input is flattened first.",
-        "parameters": [
-            _param("depth", "integer", "number of hidden layers (activation nodes)", required=True,
-                   minimum=1, maximum=_DEPTH_LIMIT),
-            _param("width", "integer", "units of every hidden dense layer", default=512, minimum=1),
-            _param("input_shape", "array of integers",
-                   "[features] or [channels, height, width]; default [width]", default=None),
-            _param("classes", "integer", "units of the last dense layer", default=10, minimum=1),
-            _BIAS,
-        ],
-    },
-    {
-        "name": "resnet",
-        "description": "DeepMind's modified ResNet (dks examples/haiku/modified_resnet.py) without batch norm: "
-                       "residual branches weighted sqrt(1 - shortcut_weight^2), shortcuts shortcut_weight; "
-                       "shortcut_weight 0 removes the shortcuts (a plain deep network).",
-        "parameters": [
-            _param("depth", "integer", "ResNet depth", required=True, allowed=sorted(RESNET_CONFIGS)),
-            _param("version", "integer", "1: post-activation blocks; 2: pre-activation blocks",
-                   default=2, allowed=[1, 2]),
-            _param("shortcut_weight", "number", "weight of the shortcut branch; 0 removes it", default=0.0,
-                   minimum=0.0, maximum=1.0),
-            _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 224, 224]),
-            _param("classes", "integer", "units of the logits layer", default=1000, minimum=1),
-            _BIAS,
-        ],
-    },
-    {
-        "name": "densenet",
-        "description": "DenseNet-BC without batch norm. Depth 121/169/201/264: the ImageNet networks; "
-                       "any other depth 6n+4: the CIFAR network with three blocks of n layers.",
-        "parameters": [
-            _param("depth", "integer", "121, 169, 201, 264 (ImageNet) or 6n+4 (CIFAR, e.g. 40, 100, 190)",
-                   default=121, allowed=sorted(DENSENET_IMAGENET_CONFIGS) + ["6n+4"]),
-            _param("growth_rate", "integer", "channels each dense layer adds", default=32, minimum=1),
-            _param("input_shape", "array of integers",
-                   "[channels, height, width]; default [3, 224, 224] (ImageNet depths) or [3, 32, 32] (CIFAR)",
-                   default=None),
-            _param("classes", "integer", "units of the classifier; default 1000 (ImageNet depths) or 10 (CIFAR)",
-                   default=None, minimum=1),
-            _BIAS,
-        ],
-    },
-    {
-        "name": "cnn",
-        "description": "Plain convolutional network: depth x (conv 3x3 stride 1 'same' (width channels) -> "
-                       "activation), then global_avg_pool and dense(classes).",
-        "parameters": [
-            _param("depth", "integer", "number of conv + activation layers", required=True,
-                   minimum=1, maximum=_DEPTH_LIMIT),
-            _param("width", "integer", "channels of every conv layer", default=64, minimum=1),
-            _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 32, 32]),
-            _param("classes", "integer", "units of the last dense layer", default=10, minimum=1),
-            _BIAS,
-        ],
-    },
-]
+_MLP_DESCRIPTION = (
+    "Fully connected network: depth x (dense(width) -> activation), then dense(classes). "
+    "A [channels, height, width] input is flattened first."
+)
+_MLP_PARAMETERS = (
+    _param(
+        "depth", "integer", "number of hidden layers (activation nodes)", required=True, minimum=1, maximum=_DEPTH_LIMIT
+    ),
+    _param("width", "integer", "units of every hidden dense layer", default=512, minimum=1),
+    _param(
+        "input_shape", "array of integers", "[features] or [channels, height, width]; default [width]", default=None
+    ),
+    _param("classes", "integer", "units of the last dense layer", default=10, minimum=1),
+    _BIAS,
+)
 
 
-def describe_templates() -> list[dict]:
-    """The templates and their parameters (defaults, allowed values), as ``GET /v1/templates`` lists them.
-
-    Returns a fresh JSON-serializable list (one dict per template, in ``TEMPLATE_NAMES`` order)
-    with keys ``name``, ``description`` and ``parameters``; each parameter has ``name``, ``type``,
-    ``required``, ``default`` (``None`` when required or when it depends on other parameters, as
-    the parameter's ``description`` says) and, where they apply, ``allowed``, ``minimum``,
-    ``maximum``.
-    """
-    return copy.deepcopy(_DESCRIPTIONS)
-
-
-def _bad(message: str, hint: str) -> SigpropError:
-    return SigpropError("invalid_request", message, hint)
-
-
-class _Builder:
-    """Appends nodes in topological order and tracks each node's shape (as the graph engine infers it)."""
-
-    def __init__(self, template: str):
-        self.template = template
-        self.nodes: list[dict] = []
-        self.shapes: dict[str, tuple[int, ...]] = {}
-
-    def _add(self, node: dict, shape: tuple[int, ...]) -> str:
-        nid = node["id"]
-        assert nid not in self.shapes, nid  # ids are generated; a clash is a bug here
-        self.nodes.append(node)
-        self.shapes[nid] = shape
-        return nid
-
-    def _too_small(self, nid: str) -> SigpropError:
-        first = self.nodes[0]["shape"]
-        return _bad(f"input_shape {first} is too small for template '{self.template}': "
-                    f"node '{nid}' would shrink the feature map to nothing",
-                    "give a larger input height and width (or leave input_shape out for the default)")
-
-    def input(self, shape: list[int]) -> str:
-        return self._add({"id": "input", "op": "input", "shape": list(shape)}, tuple(shape))
-
-    def dense(self, nid: str, src: str, units: int, bias: bool) -> str:
-        return self._add({"id": nid, "op": "dense", "inputs": [src], "units": units, "bias": bias}, (units,))
-
-    def conv(self, nid: str, src: str, channels: int, kernel: int, stride: int, bias: bool) -> str:
-        _, h, w = self.shapes[src]
-        h, w = math.ceil(h / stride), math.ceil(w / stride)  # padding "same"
-        return self._add({"id": nid, "op": "conv", "inputs": [src], "channels": channels, "kernel": kernel,
-                          "stride": stride, "padding": "same", "bias": bias}, (channels, h, w))
-
-    def pool(self, nid: str, op: str, src: str, kernel: int, stride: int) -> str:
-        c, h, w = self.shapes[src]
-        h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1  # no padding
-        if h < 1 or w < 1:
-            raise self._too_small(nid)
-        return self._add({"id": nid, "op": op, "inputs": [src], "kernel": kernel, "stride": stride}, (c, h, w))
-
-    def act(self, nid: str, src: str) -> str:
-        return self._add({"id": nid, "op": "activation", "inputs": [src]}, self.shapes[src])
-
-    def sum(self, nid: str, srcs: list[str], weights: list[float]) -> str:
-        return self._add({"id": nid, "op": "sum", "inputs": list(srcs), "weights": list(weights)},
-                         self.shapes[srcs[0]])
-
-    def concat(self, nid: str, srcs: list[str]) -> str:
-        first = self.shapes[srcs[0]]
-        channels = sum(self.shapes[s][0] for s in srcs)
-        return self._add({"id": nid, "op": "concat", "inputs": list(srcs)}, (channels,) + first[1:])
-
-    def simple(self, nid: str, op: str, src: str) -> str:
-        shape = self.shapes[src]
-        if op == "flatten":
-            shape = (math.prod(shape),)
-        elif op == "global_avg_pool":
-            shape = (shape[0],)
-        return self._add({"id": nid, "op": op, "inputs": [src]}, shape)
-
-    def head(self, src: str, classes: int, bias: bool, pool: bool) -> None:
-        if pool:
-            src = self.simple("global_avg_pool", "global_avg_pool", src)
-        src = self.dense("logits", src, classes, bias)
-        self.simple("output", "output", src)
-
-
-def _require_depth(t: Template, what: str, example: str) -> int:
+def _mlp_size(t: Template) -> TemplateSize | None:
     if t.depth is None:
-        raise _bad(f"template '{t.template}' needs 'depth'", f"give 'depth', the number of {what}, e.g. {example}")
-    return t.depth
-
-
-def _image_shape(t: Template, default: list[int]) -> list[int]:
-    shape = list(t.input_shape) if t.input_shape is not None else list(default)
-    if len(shape) != 3:
-        raise _bad(f"template '{t.template}' needs an image input, got input_shape {shape}",
-                   f"give input_shape as [channels, height, width], e.g. {default}, or leave it out")
-    return shape
-
-
-def _check_size(nodes: int, edges: int, t: Template) -> None:
-    if nodes > MAX_TEMPLATE_NODES or edges > MAX_TEMPLATE_EDGES:
-        raise SigpropError("graph_too_large",
-                           f"template '{t.template}' with depth {t.depth} expands to about {nodes} nodes and {edges} edges",
-                           f"templates expand to at most {MAX_TEMPLATE_NODES} nodes and {MAX_TEMPLATE_EDGES} edges: "
-                           "use a smaller depth")
+        return None
+    flatten = 1 if t.input_shape is not None and len(t.input_shape) == 3 else 0
+    nodes = 2 * t.depth + 3 + flatten
+    return TemplateSize(nodes, t.depth, 1, nodes - 1)
 
 
 def _mlp(t: Template) -> list[dict]:
-    depth = _require_depth(t, "hidden layers (activation nodes)", "{\"template\": \"mlp\", \"depth\": 20}")
+    depth = _require_depth(t, "hidden layers (activation nodes)", '{"template": "mlp", "depth": 20}')
     width = t.width if t.width is not None else 512
     classes = t.classes if t.classes is not None else 10
     bias = True if t.bias is None else t.bias
     shape = list(t.input_shape) if t.input_shape is not None else [width]
     if len(shape) not in (1, 3):
-        raise _bad(f"input_shape {shape} is neither [features] nor [channels, height, width]",
-                   f"give input_shape as [features], e.g. [{width}], or [channels, height, width]")
-    _check_size(2 * depth + 5, 2 * depth + 4, t)
+        raise _bad(
+            f"input_shape {shape} is neither [features] nor [channels, height, width]",
+            f"give input_shape as [features], e.g. [{width}], or [channels, height, width]",
+        )
     b = _Builder("mlp")
     x = b.input(shape)
     if len(shape) == 3:
@@ -300,13 +208,34 @@ def _mlp(t: Template) -> list[dict]:
     return b.nodes
 
 
+# -- cnn ------------------------------------------------------------------------------------------
+
+_CNN_DESCRIPTION = (
+    "Plain convolutional network: depth x (conv 3x3 stride 1 'same' (width channels) -> "
+    "activation), then global_avg_pool and dense(classes)."
+)
+_CNN_PARAMETERS = (
+    _param("depth", "integer", "number of conv + activation layers", required=True, minimum=1, maximum=_DEPTH_LIMIT),
+    _param("width", "integer", "channels of every conv layer", default=64, minimum=1),
+    _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 32, 32]),
+    _param("classes", "integer", "units of the last dense layer", default=10, minimum=1),
+    _BIAS,
+)
+
+
+def _cnn_size(t: Template) -> TemplateSize | None:
+    if t.depth is None:
+        return None
+    nodes = 2 * t.depth + 4
+    return TemplateSize(nodes, t.depth, 1, nodes - 1)
+
+
 def _cnn(t: Template) -> list[dict]:
-    depth = _require_depth(t, "conv + activation layers", "{\"template\": \"cnn\", \"depth\": 20}")
+    depth = _require_depth(t, "conv + activation layers", '{"template": "cnn", "depth": 20}')
     width = t.width if t.width is not None else 64
     classes = t.classes if t.classes is not None else 10
     bias = True if t.bias is None else t.bias
     shape = _image_shape(t, [3, 32, 32])
-    _check_size(2 * depth + 4, 2 * depth + 3, t)
     b = _Builder("cnn")
     x = b.input(shape)
     for i in range(depth):
@@ -314,6 +243,54 @@ def _cnn(t: Template) -> list[dict]:
         x = b.act(f"act_{i}", x)
     b.head(x, classes, bias, pool=True)
     return b.nodes
+
+
+# -- resnet ---------------------------------------------------------------------------------------
+
+_RESNET_DESCRIPTION = (
+    "DeepMind's modified ResNet (dks examples/haiku/modified_resnet.py) without batch norm: "
+    "residual branches weighted sqrt(1 - shortcut_weight^2), shortcuts shortcut_weight; "
+    "shortcut_weight 0 removes the shortcuts (a plain deep network)."
+)
+_RESNET_PARAMETERS = (
+    _param("depth", "integer", "ResNet depth", required=True, allowed=sorted(RESNET_CONFIGS)),
+    _param(
+        "version",
+        "integer",
+        "1: post-activation blocks (outside the kernel theory when shortcut_weight > 0: "
+        "solves answer unsupported_structure); 2: pre-activation blocks",
+        default=2,
+        allowed=[1, 2],
+    ),
+    _param(
+        "shortcut_weight",
+        "number",
+        "weight of the shortcut branch; 0 removes it",
+        default=0.0,
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 224, 224]),
+    _param("classes", "integer", "units of the logits layer", default=1000, minimum=1),
+    _BIAS,
+)
+
+
+def _resnet_size(t: Template) -> TemplateSize | None:
+    cfg = RESNET_CONFIGS.get(t.depth) if t.depth is not None else None
+    if cfg is None:
+        return None
+    v2 = (t.version if t.version is not None else 2) == 2
+    shortcut = (t.shortcut_weight or 0.0) != 0.0
+    convs = 3 if cfg["bottleneck"] else 2
+    blocks = sum(cfg["blocks_per_group"])
+    projections = sum(1 for g in range(4) if cfg["use_projection"][g]) if shortcut else 0
+    per_block = 2 * convs + (1 if shortcut else 0)  # convs, activations (v1: convs - 1, then act_out)
+    stem = 3 if v2 else 4  # input, initial_conv, (v1: initial_act), max_pool
+    head = 4 if v2 else 3  # (v2: final_act), global_avg_pool, logits, output
+    nodes = stem + blocks * per_block + projections + head
+    sums = blocks if shortcut else 0  # two inputs each; every other node but the input has one
+    return TemplateSize(nodes, blocks * convs + 1, 2 if shortcut else 1, nodes - 1 + sums)
 
 
 def _resnet(t: Template) -> list[dict]:
@@ -326,7 +303,9 @@ def _resnet(t: Template) -> list[dict]:
     v2 = (t.version if t.version is not None else 2) == 2
     w = float(t.shortcut_weight) if t.shortcut_weight is not None else 0.0
     if not 0.0 <= w <= 1.0:  # the schema already bounds it; a hand-made Template might not
-        raise _bad(f"shortcut_weight {w} is outside [0, 1]", "give shortcut_weight between 0 and 1 (0 removes the shortcuts)")
+        raise _bad(
+            f"shortcut_weight {w} is outside [0, 1]", "give shortcut_weight between 0 and 1 (0 removes the shortcuts)"
+        )
     residual_w = math.sqrt(1.0 - w * w)
     classes = t.classes if t.classes is not None else 1000
     bias = True if t.bias is None else t.bias
@@ -382,32 +361,81 @@ def _resnet(t: Template) -> list[dict]:
     return b.nodes
 
 
+# -- densenet -------------------------------------------------------------------------------------
+
+_DENSENET_DESCRIPTION = (
+    "DenseNet-BC without batch norm. Depth 121/169/201/264: the ImageNet networks; "
+    "any other depth 6n+4: the CIFAR network with three blocks of n layers."
+)
+_DENSENET_PARAMETERS = (
+    _param(
+        "depth",
+        "integer",
+        "121, 169, 201, 264 (ImageNet) or 6n+4 (CIFAR, e.g. 40, 100, 190)",
+        default=121,
+        allowed=sorted(DENSENET_IMAGENET_CONFIGS) + ["6n+4"],
+    ),
+    _param("growth_rate", "integer", "channels each dense layer adds", default=32, minimum=1),
+    _param(
+        "input_shape",
+        "array of integers",
+        "[channels, height, width]; default [3, 224, 224] (ImageNet depths) or [3, 32, 32] (CIFAR)",
+        default=None,
+    ),
+    _param(
+        "classes",
+        "integer",
+        "units of the classifier; default 1000 (ImageNet depths) or 10 (CIFAR)",
+        default=None,
+        minimum=1,
+    ),
+    _BIAS,
+)
+
+
+def _densenet_blocks(depth: int) -> tuple[tuple[int, ...], bool] | None:
+    """(layers per dense block, ImageNet network?) of a DenseNet depth; None when unsupported."""
+    if depth in DENSENET_IMAGENET_CONFIGS:
+        return DENSENET_IMAGENET_CONFIGS[depth], True
+    if depth >= 10 and (depth - 4) % 6 == 0:
+        n = (depth - 4) // 6
+        return (n, n, n), False
+    return None
+
+
+def _densenet_size(t: Template) -> TemplateSize | None:
+    found = _densenet_blocks(t.depth if t.depth is not None else 121)
+    if found is None:
+        return None
+    blocks, imagenet = found
+    layers, stem = sum(blocks), (1 if imagenet else 0)  # the ImageNet stem's max_pool
+    nodes = 2 + stem + 5 * layers + 3 * (len(blocks) - 1) + 4
+    # every node but the input has one input, except the concat after layer i of a block: i + 1
+    concat_extra = sum(n * (n + 1) // 2 for n in blocks)
+    return TemplateSize(nodes, 2 * layers + len(blocks), max(blocks) + 1, nodes - 1 + concat_extra)
+
+
 def _densenet(t: Template) -> list[dict]:
     depth = t.depth if t.depth is not None else 121
     growth = t.growth_rate if t.growth_rate is not None else 32
     bias = True if t.bias is None else t.bias
-    imagenet = depth in DENSENET_IMAGENET_CONFIGS
-    if imagenet:
-        blocks = DENSENET_IMAGENET_CONFIGS[depth]
-    else:
-        if depth < 10 or (depth - 4) % 6 != 0:
-            raise _bad(f"densenet depth {depth} is not supported",
-                       "give 'depth' as 121, 169, 201 or 264 (ImageNet DenseNet-BC), or 6n+4 with n >= 1 "
-                       "(CIFAR DenseNet-BC with three blocks of n layers, e.g. 40, 100, 190)")
-        n = (depth - 4) // 6
-        blocks = (n, n, n)
+    found = _densenet_blocks(depth)
+    if found is None:
+        raise _bad(
+            f"densenet depth {depth} is not supported",
+            "give 'depth' as 121, 169, 201 or 264 (ImageNet DenseNet-BC), or 6n+4 with n >= 1 "
+            "(CIFAR DenseNet-BC with three blocks of n layers, e.g. 40, 100, 190)",
+        )
+    blocks, imagenet = found
     classes = t.classes if t.classes is not None else (1000 if imagenet else 10)
     shape = _image_shape(t, [3, 224, 224] if imagenet else [3, 32, 32])
-    layers = sum(blocks)
-    _check_size(5 * layers + 3 * len(blocks) + 9,
-                4 * layers + sum(k * (k + 3) // 2 for k in blocks) + 3 * len(blocks) + 8, t)
 
     b = _Builder("densenet")
     x = b.input(shape)
     if imagenet:
-        # torchvision: conv0 (7x7 / 2, 2k channels) -> norm0 -> relu0 -> pool0 (3 / 2), norm0 dropped.
+        # torchvision: conv0 (7x7 / 2, 2k channels) -> norm0 -> relu0 -> pool0 (3 / 2); norm0 and relu0
+        # dropped (see the module docstring)
         x = b.conv("conv0", x, 2 * growth, 7, 2, bias)
-        x = b.act("act0", x)
         x = b.pool("pool0", "max_pool", x, 3, 2)
     else:
         x = b.conv("conv0", x, 2 * growth, 3, 1, bias)
@@ -432,7 +460,53 @@ def _densenet(t: Template) -> list[dict]:
     return b.nodes
 
 
-_EXPANDERS = {"mlp": _mlp, "cnn": _cnn, "resnet": _resnet, "densenet": _densenet}
+# -- the registry ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """Everything about one template: ``GET /v1/templates`` lists ``name``, ``description`` and
+    ``parameters``; the parameters' names are the only ``Template`` fields it accepts; ``expand``
+    builds its nodes (once the fields are checked and ``size`` is within the limits), and ``size``
+    is its exact size from the parameters alone (None when they are invalid or missing)."""
+
+    name: str
+    description: str
+    parameters: tuple[dict, ...]
+    expand: Callable[[Template], list[dict]]
+    size: Callable[[Template], TemplateSize | None]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(p["name"] for p in self.parameters)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "description": self.description, "parameters": copy.deepcopy(list(self.parameters))}
+
+
+TEMPLATES: dict[str, TemplateSpec] = {
+    spec.name: spec
+    for spec in (
+        TemplateSpec("mlp", _MLP_DESCRIPTION, _MLP_PARAMETERS, _mlp, _mlp_size),
+        TemplateSpec("resnet", _RESNET_DESCRIPTION, _RESNET_PARAMETERS, _resnet, _resnet_size),
+        TemplateSpec("densenet", _DENSENET_DESCRIPTION, _DENSENET_PARAMETERS, _densenet, _densenet_size),
+        TemplateSpec("cnn", _CNN_DESCRIPTION, _CNN_PARAMETERS, _cnn, _cnn_size),
+    )
+}
+
+TEMPLATE_NAMES = tuple(TEMPLATES)
+
+
+def describe_templates() -> list[dict]:
+    """The templates and their parameters (defaults, allowed values), as ``GET /v1/templates`` lists them.
+
+    Returns a fresh JSON-serializable list (one dict per template, in ``TEMPLATE_NAMES`` order)
+    with keys ``name``, ``description`` and ``parameters``; each parameter has ``name``, ``type``,
+    ``required``, ``default`` (``None`` when required or when it depends on other parameters, as
+    the parameter's ``description`` says) and, where they apply, ``allowed``, ``minimum``,
+    ``maximum``.
+    """
+    return [spec.describe() for spec in TEMPLATES.values()]
 
 
 def template_size(t: Template) -> tuple[int, int, int] | None:
@@ -441,62 +515,49 @@ def template_size(t: Template) -> tuple[int, int, int] | None:
     it. ``depth`` counts nonlinear layers on the longest path, the fan-in is that of the widest
     sum or concat (1 when there is none). None when the parameters are invalid or missing
     (``expand_template`` says why)."""
-    name = t.template
-    if name in ("mlp", "cnn"):
-        if t.depth is None:
-            return None
-        if name == "mlp":
-            flatten = 1 if t.input_shape is not None and len(t.input_shape) == 3 else 0
-            return 2 * t.depth + 3 + flatten, t.depth, 1
-        return 2 * t.depth + 4, t.depth, 1
-    if name == "resnet":
-        cfg = RESNET_CONFIGS.get(t.depth) if t.depth is not None else None
-        if cfg is None:
-            return None
-        v2 = (t.version if t.version is not None else 2) == 2
-        shortcut = (t.shortcut_weight or 0.0) != 0.0
-        convs = 3 if cfg["bottleneck"] else 2
-        blocks = sum(cfg["blocks_per_group"])
-        projections = sum(1 for g in range(4) if cfg["use_projection"][g]) if shortcut else 0
-        per_block = 2 * convs + (1 if shortcut else 0)  # convs, activations (v1: convs - 1, then act_out)
-        stem = 3 if v2 else 4                             # input, initial_conv, (v1: initial_act), max_pool
-        head = 4 if v2 else 3                             # (v2: final_act), global_avg_pool, logits, output
-        return stem + blocks * per_block + projections + head, blocks * convs + 1, 2 if shortcut else 1
-    if name == "densenet":
-        depth = t.depth if t.depth is not None else 121
-        if depth in DENSENET_IMAGENET_CONFIGS:
-            blocks, imagenet = DENSENET_IMAGENET_CONFIGS[depth], True
-        elif depth >= 10 and (depth - 4) % 6 == 0:
-            n = (depth - 4) // 6
-            blocks, imagenet = (n, n, n), False
-        else:
-            return None
-        layers, stem = sum(blocks), (2 if imagenet else 0)
-        nodes = 2 + stem + 5 * layers + 3 * (len(blocks) - 1) + 4
-        return nodes, (1 if imagenet else 0) + 2 * layers + len(blocks), max(blocks) + 1
-    return None
+    spec = TEMPLATES.get(t.template)
+    size = spec.size(t) if spec is not None else None
+    return None if size is None else (size.nodes, size.depth, size.fan_in)
 
 
-def expand_template(t: Template) -> Graph:
+def _check_size(t: Template, size: TemplateSize, max_nodes: int) -> None:
+    if size.nodes > max_nodes or size.edges > MAX_TEMPLATE_EDGES:
+        raise SigpropError(
+            "graph_too_large",
+            f"template '{t.template}' with depth {t.depth} expands to {size.nodes} nodes and {size.edges} edges",
+            f"templates expand to at most {max_nodes} nodes (SIGPROP_MAX_NODES) "
+            f"and {MAX_TEMPLATE_EDGES} edges: use a smaller depth",
+        )
+
+
+def expand_template(t: Template, *, max_nodes: int | None = None) -> Graph:
     """The node-by-node graph (schema ``sigprop.graph/v1``) of a template.
 
     Raises ``SigpropError("invalid_request", ...)`` for an unknown template, a parameter that does
     not apply to the template, a missing required parameter or an unsupported value (the hint
     lists what is allowed), and ``SigpropError("graph_too_large", ...)`` when the expansion would
-    exceed ``MAX_TEMPLATE_NODES`` nodes or ``MAX_TEMPLATE_EDGES`` edges.
+    exceed ``max_nodes`` nodes (default: :func:`node_limit`) or ``MAX_TEMPLATE_EDGES`` edges.
     """
     name = t.template
-    if name not in _EXPANDERS:
+    spec = TEMPLATES.get(name)
+    if spec is None:
         raise _bad(f"unknown template '{name}'", f"use one of {', '.join(TEMPLATE_NAMES)}")
-    extra = [f for f in _ALL_FIELDS if f not in _PARAMS[name] and getattr(t, f, None) is not None]
+    extra = [f for f in _ALL_FIELDS if f not in spec.fields and getattr(t, f, None) is not None]
     if extra:
-        raise _bad(f"template '{name}' does not take {', '.join(repr(f) for f in extra)}",
-                   f"template '{name}' takes {', '.join(_PARAMS[name])}")
-    nodes = _EXPANDERS[name](t)
+        raise _bad(
+            f"template '{name}' does not take {', '.join(repr(f) for f in extra)}",
+            f"template '{name}' takes {', '.join(spec.fields)}",
+        )
+    size = spec.size(t)
+    if size is not None:  # None: invalid parameters, which the expander reports
+        _check_size(t, size, node_limit() if max_nodes is None else max_nodes)
+    nodes = spec.expand(t)
     try:
         return Graph.model_validate({"schema": GRAPH_SCHEMA, "nodes": nodes})
     except ValidationError as exc:  # e.g. a channel count past the schema's bounds
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
-        raise _bad(f"template '{name}' expands to an invalid graph: {first.get('msg')} at {where}",
-                   "use smaller or default parameter values") from None
+        raise _bad(
+            f"template '{name}' expands to an invalid graph: {first.get('msg')} at {where}",
+            "use smaller or default parameter values",
+        ) from None
