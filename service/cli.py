@@ -1,20 +1,50 @@
-"""The ``sigprop`` command line (contract section 5)."""
+"""The ``sigprop`` command line (contract section 5).
+
+``solve`` and ``schema`` need only what ``pip install sigprop`` brings; ``serve`` and ``worker``
+need the ``server`` extra (``worker`` the ``worker`` extra, which includes it) and import it only
+when they run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
 from . import __version__
 from .errors import SigpropError
 
+# The import names of the `server` extra's packages (pyproject.toml; a test keeps the two equal).
+SERVER_MODULES = ("fastapi", "uvicorn", "redis", "prometheus_client", "rq", "limits", "jinja2", "plotly")
+
+
+def _missing_extra(command: str, extra: str) -> bool:
+    """Say which extra to install, and return True, when a server package is not installed."""
+    missing = []
+    for name in SERVER_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        print(
+            f"sigprop {command} needs the '{extra}' extra, which is not installed (missing: {', '.join(missing)}): "
+            f"pip install 'sigprop[{extra}]'",
+            file=sys.stderr,
+        )
+    return bool(missing)
+
 
 def _read_request(path: str):
     try:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     except OSError as exc:
-        raise SigpropError("invalid_request", f"cannot read {path}: {exc.strerror}", "give a path to a JSON file, or - for stdin") from None
+        raise SigpropError(
+            "invalid_request", f"cannot read {path}: {exc.strerror}", "give a path to a JSON file, or - for stdin"
+        ) from None
     from .requests import load_json
 
     # the parser the service uses: NaN, Infinity and numbers past a double's range are rejected too
@@ -23,7 +53,7 @@ def _read_request(path: str):
 
 def cmd_solve(args) -> int:
     """Solve offline: no server, no Redis; prints exactly the answer POST /v1/solve gives."""
-    from .engine.solve import solve_json
+    from .answers import solve_json
     from .requests import parse_solve_request
 
     try:
@@ -37,6 +67,8 @@ def cmd_solve(args) -> int:
 
 def cmd_serve(args) -> int:
     """The HTTP service (uvicorn); settings come from SIGPROP_* environment variables."""
+    if _missing_extra("serve", "server"):
+        return 2
     import os
     import tempfile
 
@@ -46,12 +78,20 @@ def cmd_serve(args) -> int:
     from .settings import Settings
 
     try:  # refuse to start on settings that cannot work, with the reason, before uvicorn starts
-        Settings()
+        settings = Settings()
     except ValidationError as exc:
+        from .requests import error_path
+
         for err in exc.errors(include_url=False):
-            where = ".".join(str(p) for p in err.get("loc", ()))
+            where = error_path(err.get("loc", ()), "")
             name = f"SIGPROP_{where.upper()}: " if where else ""
             print(f"sigprop serve: invalid settings: {name}{err.get('msg')}", file=sys.stderr)
+        return 2
+    from .api.auth import weak_keys
+
+    weak = weak_keys(settings.api_keys)
+    if weak:
+        print(f"sigprop serve: invalid settings: SIGPROP_API_KEYS: {weak}", file=sys.stderr)
         return 2
 
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -60,21 +100,52 @@ def cmd_serve(args) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sigprop-metrics-")
     from .api.server import NoDelayH11Protocol
 
-    uvicorn.run("sigprop.api.app:create_app", factory=True, host=args.host, port=args.port, workers=args.workers,
-                http=NoDelayH11Protocol, log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+    trusted = ",".join(p.strip() for p in settings.trusted_proxies.split(",") if p.strip())
+
+    uvicorn.run(
+        "sigprop.api.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        http=NoDelayH11Protocol,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+        # X-Forwarded-For names the client only when it comes from a proxy the operator trusts
+        # (uvicorn would otherwise trust it from loopback, so a local client could pick any address)
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted or None,
+    )
     return 0
 
 
 def cmd_worker(args) -> int:
     """A validation-training worker (RQ) on the Redis at SIGPROP_REDIS_URL."""
+    if _missing_extra("worker", "worker"):
+        return 2
     from .settings import get_settings
 
     settings = get_settings()
     if not settings.redis_url:
-        print(json.dumps(SigpropError("invalid_request", "sigprop worker needs a Redis: SIGPROP_REDIS_URL is not set",
-                                      "set SIGPROP_REDIS_URL to the Redis `sigprop serve` uses; without Redis, "
-                                      "`sigprop serve` runs validations itself").to_dict()), file=sys.stderr)
+        print(
+            json.dumps(
+                SigpropError(
+                    "invalid_request",
+                    "sigprop worker needs a Redis: SIGPROP_REDIS_URL is not set",
+                    "set SIGPROP_REDIS_URL to the Redis `sigprop serve` uses; without Redis, "
+                    "`sigprop serve` runs validations itself",
+                ).to_dict()
+            ),
+            file=sys.stderr,
+        )
         return 2
+    if args.check:
+        from .worker.worker import check_worker
+
+        healthy, found = check_worker(settings)
+        print(f"sigprop worker --check: {found}", file=sys.stdout if healthy else sys.stderr)
+        return 0 if healthy else 1
     from .worker.worker import run_worker
 
     run_worker(settings, queues=args.queue or None, burst=args.burst, name=args.name)
@@ -91,7 +162,9 @@ def cmd_schema(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sigprop", description="Shape deep networks: TAT, DKS, EOC solvers for any architecture graph.")
+    parser = argparse.ArgumentParser(
+        prog="sigprop", description="Shape deep networks: TAT, DKS, EOC solvers for any architecture graph."
+    )
     parser.add_argument("--version", action="version", version=f"sigprop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -107,9 +180,18 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("worker", help="run a validation-training worker (needs SIGPROP_REDIS_URL)")
     p.add_argument("--burst", action="store_true", help="quit once the queue is empty")
-    p.add_argument("--queue", action="append", metavar="NAME",
-                   help="queue to listen on (repeatable; default SIGPROP_VALIDATION_QUEUE, sigprop-validations)")
+    p.add_argument(
+        "--queue",
+        action="append",
+        metavar="NAME",
+        help="queue to listen on (repeatable; default SIGPROP_VALIDATION_QUEUE, sigprop-validations)",
+    )
     p.add_argument("--name", default=None, help="worker name (default: random)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="health check: exit 0 when Redis answers and a worker of this host is registered, else 1",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("schema", help="print a JSON Schema (graph, request or solution)")

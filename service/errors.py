@@ -1,43 +1,6 @@
-"""The one exception type the engine and the service raise for rejected requests.
+"""``sigprop.errors``: the service's name for the one exception type, which lives on the shared
+floor (``sigprop.schemas.errors``) so that the client raises it without importing the service."""
 
-Each carries the contract's error object (``code``, ``message``, ``hint``) and the HTTP status it
-maps to, so the CLI, the HTTP app and the client all speak the same error shape.
-"""
+from .schemas.errors import HTTP_STATUS, SigpropError
 
-from __future__ import annotations
-
-# Contract codes (section 3) and the status each answers with. Add, never rename.
-HTTP_STATUS = {
-    "invalid_request": 422,
-    "invalid_graph": 422,
-    "unsupported_op": 422,
-    "unsupported_activation": 422,
-    "unsupported_method": 422,
-    "invalid_target": 422,
-    "unreachable_target": 422,
-    "graph_too_large": 413,
-    "payload_too_large": 413,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "rate_limited": 429,
-    "solve_timeout": 503,
-    "cache_unavailable": 503,
-    "method_not_allowed": 405,
-}
-
-
-class SigpropError(Exception):
-    """A request sigprop rejects, with a message saying what is wrong and a hint what to do."""
-
-    def __init__(self, code: str, message: str, hint: str = "", status: int | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.hint = hint
-        self.status = status if status is not None else HTTP_STATUS.get(code, 422)
-        self.headers = headers  # extra HTTP response headers (Retry-After, WWW-Authenticate)
-
-    def to_dict(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
+__all__ = ["HTTP_STATUS", "SigpropError"]

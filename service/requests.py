@@ -41,7 +41,9 @@ def _finite_float(text: str) -> float:
 
 def _locate(text) -> tuple[tuple, str]:
     """Path and spelling of the first non-finite number in a JSON text (which parses with markers)."""
-    data = json.loads(text, parse_constant=_Marker, parse_float=lambda t: _Marker(t) if not math.isfinite(float(t)) else 0.0)
+    data = json.loads(
+        text, parse_constant=_Marker, parse_float=lambda t: _Marker(t) if not math.isfinite(float(t)) else 0.0
+    )
     stack: list[tuple[tuple, object]] = [((), data)]
     while stack:  # iterative: nesting depth cannot overflow the interpreter's stack here
         path, node = stack.pop()
@@ -72,13 +74,16 @@ def load_json(text: bytes | str, hint: str, what: str = "the request body"):
         path, spelling = _locate(text)
     except (ValueError, RecursionError) as exc:  # invalid JSON further on, after the first non-finite number
         raise _not_json(exc, hint, what) from None
-    where = _where(path)
+    where = error_path(path)
     message = f"{where}: {spelling} is not a finite number"
     if path[:1] == ("targets",) or path[:2] == ("solve", "targets"):
         raise SigpropError("invalid_target", message, _TARGET_HINT)
-    raise SigpropError("invalid_request", message,
-                       "JSON has no NaN or Infinity, and every number must be a finite double "
-                       "(magnitude below about 1.8e308); " + hint)
+    raise SigpropError(
+        "invalid_request",
+        message,
+        "JSON has no NaN or Infinity, and every number must be a finite double "
+        "(magnitude below about 1.8e308); " + hint,
+    )
 
 
 def _not_json(exc: Exception, hint: str, what: str) -> SigpropError:
@@ -95,8 +100,18 @@ _TARGET_HINT = "targets are finite numbers among eta, tau, zeta, sparsity, v_slo
 SOLVE_HINT = "send a JSON object with graph, method, activation and targets"
 
 
-def _where(loc) -> str:
-    return ".".join(str(p) for p in loc) or "request"
+def error_path(loc, default: str = "request") -> str:
+    """Where a validation error is: its location's parts joined by dots (``graph.nodes.0.units``)."""
+    return ".".join(str(p) for p in loc) or default
+
+
+def invalid_request(exc, hint: str, default: str = "request", code: str = "invalid_request") -> SigpropError:
+    """``invalid_request`` (or ``code``) for a pydantic ``ValidationError`` (or FastAPI's
+    ``RequestValidationError``): where its first problem is and what it is, with ``hint``;
+    ``default`` names the place when the problem has no location."""
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    return SigpropError(code, f"{error_path(first.get('loc', ()), default)}: {first.get('msg', 'invalid value')}", hint)
 
 
 def error_from_validation(exc: ValidationError) -> SigpropError:
@@ -104,31 +119,44 @@ def error_from_validation(exc: ValidationError) -> SigpropError:
     errs = exc.errors(include_url=False)
     first = errs[0]
     loc = tuple(first.get("loc", ()))
-    where = _where(loc)
+    where = error_path(loc)
     msg = first.get("msg", "invalid value")
     more = f" (and {len(errs) - 1} more problem(s))" if len(errs) > 1 else ""
     if first.get("type") == "union_tag_invalid" or (loc and loc[-1] == "op"):
         return SigpropError("unsupported_op", f"{where}: {msg}", f"supported ops: {', '.join(OPS)}")
     if loc[:1] == ("graph",):
-        return SigpropError("invalid_graph", f"{where}: {msg}{more}",
-                            "a graph is {\"schema\": \"sigprop.graph/v1\", \"nodes\": [...]} or a template such as "
-                            "{\"template\": \"mlp\", \"depth\": 50}; see the contract's op table for node attributes")
+        return SigpropError(
+            "invalid_graph",
+            f"{where}: {msg}{more}",
+            'a graph is {"schema": "sigprop.graph/v1", "nodes": [...]} or a template such as '
+            '{"template": "mlp", "depth": 50}; see the op table in docs/contract.md for node attributes',
+        )
     if loc[:1] == ("targets",):
         return SigpropError("invalid_target", f"{where}: {msg}{more}", _TARGET_HINT)
     if loc[:1] == ("activation",):
-        return SigpropError("unsupported_activation", f"{where}: {msg}",
-                            "activation is a name such as leaky_relu, relu, tanh, softplus, gelu, swish "
-                            "(letters, digits and '_')")
+        return SigpropError(
+            "unsupported_activation",
+            f"{where}: {msg}",
+            "activation is a name such as leaky_relu, relu, tanh, softplus, gelu, swish (letters, digits and '_')",
+        )
     if loc[:1] == ("method",):
-        return SigpropError("unsupported_method", f"{where}: {msg}", "method is one of tat, dks, eoc, sparse_eoc, geometric")
-    return SigpropError("invalid_request", f"{where}: {msg}{more}",
-                        "a solve request is {\"graph\": ..., \"method\": ..., \"activation\": ..., \"targets\": {...}}")
+        return SigpropError(
+            "unsupported_method", f"{where}: {msg}", "method is one of tat, dks, eoc, sparse_eoc, geometric"
+        )
+    return SigpropError(
+        "invalid_request",
+        f"{where}: {msg}{more}",
+        'a solve request is {"graph": ..., "method": ..., "activation": ..., "targets": {...}}',
+    )
 
 
 def parse_solve_request(data) -> SolveRequest:
     if not isinstance(data, dict):
-        raise SigpropError("invalid_request", "the request body must be a JSON object",
-                           "send {\"graph\": ..., \"method\": ..., \"activation\": ..., \"targets\": {...}}")
+        raise SigpropError(
+            "invalid_request",
+            "the request body must be a JSON object",
+            'send {"graph": ..., "method": ..., "activation": ..., "targets": {...}}',
+        )
     try:
         return SolveRequest.model_validate(data)
     except ValidationError as exc:

@@ -5,54 +5,212 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# a rate limit setting with one of these values limits nothing
+RATE_LIMIT_DISABLED = ("", "0", "off", "none")
 
-class Settings(BaseSettings):
+
+def parse_rate_limit(text: str) -> list:
+    """The limits (``limits.RateLimitItem``) of a setting in limits' notation ("600/minute",
+    "10/second;600/hour"); [] when disabled ("" or "0"). Raises ValueError saying what is accepted."""
+    # imported here: template expansion reads the node limit from this module in offline solves,
+    # where the server's packages (limits) need not be installed
+    from limits import parse_many
+
+    text = (text or "").strip()
+    if text.lower() in RATE_LIMIT_DISABLED:
+        return []
+    try:
+        items = list(parse_many(text))
+    except ValueError:
+        raise ValueError(
+            f"rate limit {text!r} does not parse: write e.g. '600/minute', '10/second;600/hour' or "
+            "'30 per minute' (limits' notation), or '' / '0' to disable"
+        ) from None
+    if not items or any(item.amount < 1 for item in items):
+        raise ValueError(f"rate limit {text!r} allows nothing: use '' or '0' to disable the limit instead")
+    return items
+
+
+class NodeLimit(BaseSettings):
+    """The one node limit, readable without the rest of the settings: template expansion reads it
+    (``sigprop solve`` too), and a setting only the service uses must not break an offline solve."""
+
     model_config = SettingsConfigDict(env_prefix="SIGPROP_", extra="ignore")
 
-    redis_url: str | None = Field(default=None, description="Redis cache, e.g. redis://127.0.0.1:6379/0; unset: embedded SQLite cache")
+    max_nodes: int = Field(default=100_000, ge=1, description="largest graph, counted after template expansion")
+
+
+class Settings(NodeLimit):
+    """Every setting (``max_nodes`` comes from ``NodeLimit``, with the same prefix)."""
+
+    redis_url: str | None = Field(
+        default=None, description="Redis cache, e.g. redis://127.0.0.1:6379/0; unset: embedded SQLite cache"
+    )
     data_dir: Path = Field(default=Path.home() / ".sigprop", description="where the embedded cache lives")
     max_body_bytes: int = Field(default=2_000_000, ge=1_000, description="largest request body")
-    max_nodes: int = Field(default=100_000, ge=1, description="largest graph, counted after template expansion")
-    max_depth: int = Field(default=10_000, ge=1, description="most nonlinear layers on the longest path of a graph (templates: checked before expansion)")
+    max_depth: int = Field(
+        default=10_000,
+        ge=1,
+        description="most nonlinear layers on the longest path of a graph (templates: checked before expansion)",
+    )
     max_fan_in: int = Field(default=1024, ge=2, description="most inputs of one sum or concat node")
     solve_timeout_s: float = Field(default=30.0, gt=0, description="a solve running longer answers 503 solve_timeout")
-    lock_timeout_s: float = Field(default=60.0, gt=0, description="single-flight lock lifetime: a crashed solver's lock expires")
-    redis_timeout_s: float = Field(default=0.5, gt=0, description="socket timeout for Redis calls, so an outage cannot hang a request")
-    api_keys: str = Field(default="", description="comma-separated API keys for writes that cost or destroy (deletes, validations), and with keys_for_reads for everything but the probes; kept only as SHA-256 digests")
-    keys_for_reads: bool = Field(default=False, description="also require a key for POST /v1/solve and every read (solutions, validations, templates, dashboard); /healthz, /readyz, /metrics stay open")
+    max_solve_cost: int = Field(
+        default=50_000,
+        ge=1,
+        description="most nodes + edges of one graph (templates: computed from the parameters), checked before anything is built; over it: 413 graph_too_large",
+    )
+    solve_processes: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="cold solves at once per API process, each in a worker process killed at SIGPROP_SOLVE_TIMEOUT_S; 0: solve in API threads (no kill)",
+    )
+    memo_bytes: int = Field(
+        default=64 << 20,
+        ge=0,
+        description="bytes of parsed request bodies each API process remembers, so a repeated body skips validation",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="comma-separated addresses (or CIDR ranges) of reverse proxies whose X-Forwarded-For / Forwarded headers name the client; empty: those headers are ignored",
+    )
+    lock_timeout_s: float = Field(
+        default=60.0, gt=0, description="single-flight lock lifetime: a crashed solver's lock expires"
+    )
+    redis_timeout_s: float = Field(
+        default=0.5, gt=0, description="socket timeout for Redis calls, so an outage cannot hang a request"
+    )
+    # Retention (0: no bound). A typical answer is a few KB; the 10,000-layer MLP's is 1.8 MB, so
+    # the byte bound is what keeps a few hundred deep requests from filling Redis.
+    cache_max_entries: int = Field(
+        default=100_000,
+        ge=0,
+        description="most stored solutions; past it the least recently used are evicted with their index entries (0: no bound)",
+    )
+    cache_max_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=0,
+        description="most bytes of stored answers, requests and ids; past it the least recently used are evicted (0: no bound)",
+    )
+    cache_secret: SecretStr | None = Field(
+        default=None,
+        description="key of the answers' checksum (HMAC-SHA256): an entry written without it is recomputed, never served; unset: plain SHA-256",
+    )
+    validation_max_age_days: float = Field(
+        default=90.0,
+        ge=0,
+        description="finished, failed and cancelled validations older than this are removed (0: kept forever)",
+    )
+    validation_max_records: int = Field(
+        default=10_000,
+        ge=0,
+        description="most validation records kept; past it the oldest final ones are removed (0: no bound)",
+    )
+    api_keys: str = Field(
+        default="",
+        description="comma-separated API keys for writes that cost or destroy (deletes, validations), and with keys_for_reads for everything but the probes; kept only as SHA-256 digests",
+    )
+    keys_for_reads: bool = Field(
+        default=False,
+        description="also require a key for POST /v1/solve and every read (solutions, validations, templates, dashboard); /healthz, /readyz, /metrics stay open",
+    )
     # limits' string notation ("600/minute", "10/second;600/hour"); "" or "0" disables. Per API key
     # (a valid one sent) or else per client address; shared through Redis when SIGPROP_REDIS_URL is set.
-    rate_limit_cold_solves: str = Field(default="600/minute", description="solves that miss the cache, per client (cache hits are never limited)")
+    rate_limit_cold_solves: str = Field(
+        default="600/minute", description="solves that miss the cache, per client (cache hits are never limited)"
+    )
     rate_limit_validations: str = Field(default="60/minute", description="POST /v1/validations, per client")
     log_level: str = Field(default="INFO")
     # validations (contract section 4): RQ jobs run by `sigprop worker`, or with no Redis a thread pool in the API
-    validation_queue: str = Field(default="sigprop-validations", min_length=1, max_length=128, description="RQ queue the API enqueues to and `sigprop worker` listens on")
-    validation_timeout_s: int = Field(default=3600, ge=1, description="a validation attempt running longer is stopped and fails (not retried)")
-    validation_retries: int = Field(default=2, ge=0, le=10, description="retries of a validation whose attempt crashed, raised, or whose worker died")
-    validation_cancel_grace_s: float = Field(default=30.0, gt=0, description="a running validation that ignores its cancel this long is killed by its worker")
-    validation_local_workers: int = Field(default=1, ge=1, le=64, description="without Redis: validations run at once in the API process")
-    worker_heartbeat_s: int = Field(default=10, ge=1, description="a worker refreshes its running job's heartbeat this often; a job unrefreshed for this + 5 s is abandoned")
-    worker_maintenance_s: int = Field(default=30, ge=1, description="how often a worker looks for abandoned jobs to retry (RQ registry cleanup)")
+    validation_queue: str = Field(
+        default="sigprop-validations",
+        min_length=1,
+        max_length=128,
+        description="RQ queue the API enqueues to and `sigprop worker` listens on",
+    )
+    validation_timeout_s: int = Field(
+        default=3600, ge=1, description="a validation attempt running longer is stopped and fails (not retried)"
+    )
+    validation_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="retries of a validation whose attempt crashed, raised, or whose worker died",
+    )
+    validation_cancel_grace_s: float = Field(
+        default=30.0, gt=0, description="a running validation that ignores its cancel this long is killed by its worker"
+    )
+    validation_local_workers: int = Field(
+        default=1, ge=1, le=64, description="without Redis: validations run at once in the API process"
+    )
+    worker_heartbeat_s: int = Field(
+        default=10,
+        ge=1,
+        description="a worker refreshes its running job's heartbeat this often; a job unrefreshed for this + 5 s is abandoned",
+    )
+    worker_maintenance_s: int = Field(
+        default=30, ge=1, description="how often a worker looks for abandoned jobs to retry (RQ registry cleanup)"
+    )
+    # trust boundaries: Redis credentials, datasets, failed API keys
+    redis_username: str | None = Field(
+        default=None, description="Redis ACL user, merged into SIGPROP_REDIS_URL (a user in the URL wins)"
+    )
+    redis_password: str | None = Field(
+        default=None,
+        repr=False,
+        description="Redis password (requirepass or the ACL user's), merged into SIGPROP_REDIS_URL (a password in the URL wins)",
+    )
+    datasets_dir: Path | None = Field(
+        default=None,
+        description="folder of the .npz datasets validations may name (relative to it); unset: .npz datasets are off",
+    )
+    max_dataset_bytes: int = Field(
+        default=256_000_000, ge=1, description="largest .npz file, and largest total of its arrays as stored unpacked"
+    )
+    max_input_values: int = Field(
+        default=16_384,
+        ge=1,
+        description="most values per example of a validation's inputs (synthetic and .npz), checked before anything is allocated",
+    )
+    rate_limit_failed_auth: str = Field(
+        default="20/minute",
+        description="requests with a wrong API key per client address (over it: 429 before the key is checked)",
+    )
 
-    @field_validator("rate_limit_cold_solves", "rate_limit_validations")
+    @model_validator(mode="after")
+    def _redis_credentials(self):
+        from .redis_url import with_credentials  # a small helper module: settings stay readable
+
+        if self.redis_url and (self.redis_password or self.redis_username):
+            self.redis_url = with_credentials(self.redis_url, self.redis_username, self.redis_password)
+        return self
+
+    @field_validator("rate_limit_cold_solves", "rate_limit_validations", "rate_limit_failed_auth")
     @classmethod
     def _rate_limit(cls, value: str) -> str:
-        from .api.ratelimit import parse_rate_limit
-
         parse_rate_limit(value)  # ValueError with the notation's rules when it does not parse
         return value
 
     @model_validator(mode="after")
     def _keys_for_reads_needs_keys(self):
         if self.keys_for_reads and not [k for k in self.api_keys.split(",") if k.strip()]:
-            raise ValueError("SIGPROP_KEYS_FOR_READS is true but SIGPROP_API_KEYS is empty: every request would be "
-                             "refused. Set SIGPROP_API_KEYS (comma-separated keys) or SIGPROP_KEYS_FOR_READS=false")
+            raise ValueError(
+                "SIGPROP_KEYS_FOR_READS is true but SIGPROP_API_KEYS is empty: every request would be "
+                "refused. Set SIGPROP_API_KEYS (comma-separated keys) or SIGPROP_KEYS_FOR_READS=false"
+            )
         return self
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+@lru_cache(maxsize=1)
+def get_node_limit() -> int:
+    """``SIGPROP_MAX_NODES`` (``NodeLimit``), read once; raises pydantic's ValidationError when it is invalid."""
+    return NodeLimit().max_nodes

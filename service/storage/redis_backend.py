@@ -1,0 +1,542 @@
+"""The Redis backends (``SIGPROP_REDIS_URL`` set): solutions and validations in the Redis that
+the API processes, the rate limiter and the RQ workers share.
+
+Solutions: the hash ``sigprop:sol:{key}`` per record, the sorted sets ``sigprop:index`` (key by
+creation time) and ``sigprop:index:method:{m}`` / ``sigprop:index:activation:{a}`` for the
+filters, and ``sigprop:lock:{key}`` for the single-flight lock. Calls time out quickly and raise
+``CacheUnavailable``, so a Redis outage degrades solves instead of hanging them.
+
+Validations: the hash ``sigprop:val:{id}`` (no expiry), the sorted set ``sigprop:validations``
+(id by creation time) that ``GET /v1/validations`` pages through, and one sorted set per
+solution, ``sigprop:validations:key:{solution key}``, that the dashboard's solution page reads
+(``list_for_key``; validations stored before it existed are added to it once per process).
+Status changes are Lua scripts, so each compare-and-set is atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from . import redis_scripts
+from .health import NOT_STORED, StorageHealth, write_refused
+from .records import (
+    PLAIN,
+    SUMMARY_FIELDS,
+    CacheUnavailable,
+    Checksum,
+    StorageFull,
+    ValidationTransitions,
+    checked_answer,
+    decode_record,
+    decode_validation,
+    decode_validations,
+    dumps,
+    json_object,
+    stored_count,
+    summary_row,
+    too_large_note,
+)
+
+log = logging.getLogger("sigprop")
+
+
+class RedisSolutionCache:
+    """Solutions in Redis; every call raises ``CacheUnavailable`` when Redis cannot be reached, and
+    a write Redis refuses (full, read-only) raises ``StorageFull``.
+
+    Retention: ``max_entries`` and ``max_bytes`` (0: no bound) are enforced on every put, inside the
+    put's script, by evicting the least recently used records (``sigprop:lru``: last hit or
+    creation) together with their index entries; the hit path only moves its key in that order."""
+
+    backend = "redis"
+    _PREFIX = "sigprop:"
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+    EVICT_PER_PUT = 1000  # most records one put evicts (amortized: a put evicts what it pushed over)
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 0.5,
+        *,
+        max_entries: int = 0,
+        max_bytes: int = 0,
+        checksum: Checksum = PLAIN,
+        health: StorageHealth | None = None,
+    ):
+        self.r = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry_on_timeout=False,
+            health_check_interval=5,
+        )
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.checksum = checksum
+        self.health = health or StorageHealth()
+        self._scripts = {
+            name: self.r.register_script(getattr(redis_scripts, name))
+            for name in ("GET_ANSWER", "GET_ALL", "PUT", "DELETE", "BACKFILL")
+        }
+        self._backfilled = False
+
+    def _k(self, *parts: str) -> str:
+        return self._PREFIX + ":".join(parts)
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise CacheUnavailable(str(exc)) from None
+        except redis.ResponseError as exc:
+            if write_refused(exc):
+                raise StorageFull(NOT_STORED) from None
+            # anything else Redis refuses (a key of the wrong type where an index should be): the
+            # cache is unusable for this call, which degrades like an outage rather than a 500
+            raise CacheUnavailable(f"Redis refused the call: {exc}") from None
+
+    def _hit_note(self, key: str, note) -> None:
+        note = note.decode() if isinstance(note, bytes) else (note or "")
+        if note == "refused":
+            self.health.refused("hit_count")
+        elif note:
+            log.warning("cache entry %s: %s", note, key)
+
+    def get(self, key, count_hit=True):
+        flat, note = self._call(
+            self._scripts["GET_ALL"],
+            keys=[self._k("sol", key), self._k("lru")],
+            args=[key, repr(time.time()), "1" if count_hit else "0"],
+        )
+        self._hit_note(key, note)
+        h = {k.decode(errors="replace"): v for k, v in zip(flat[::2], flat[1::2], strict=False)}
+        return decode_record(key, h) if "answer" in h else None
+
+    def get_answer(self, key):
+        answer, digest, note = self._call(
+            self._scripts["GET_ANSWER"], keys=[self._k("sol", key), self._k("lru")], args=[key, repr(time.time())]
+        )
+        self._hit_note(key, note)
+        try:
+            answer = answer.decode() if answer is not None else None
+        except UnicodeDecodeError:
+            return None  # not UTF-8, so not an answer sigprop wrote: recomputed and overwritten
+        return checked_answer(
+            key, answer, digest.decode(errors="replace") if digest is not None else None, self.checksum
+        )
+
+    def put(self, rec):
+        size = rec.size
+        if self.max_bytes and size > self.max_bytes:
+            raise StorageFull(too_large_note(size, self.max_bytes))
+        fields = {
+            "answer": rec.answer,
+            "request": rec.request,
+            "ids": json.dumps(rec.ids),
+            "created": repr(rec.created),
+            "version": rec.version,
+            "method": rec.method,
+            "activation": rec.activation,
+            "hits": rec.hits,
+            "digest": self.checksum.digest(rec.answer),
+            "size": size,
+        }
+        args = [self._PREFIX, rec.key, repr(rec.created), size, self.max_entries, self.max_bytes, self.EVICT_PER_PUT]
+        for name, value in fields.items():
+            args += [name, value]
+        keys = [
+            self._k("sol", rec.key),
+            self._k("index"),
+            self._k("index", "method", rec.method),
+            self._k("index", "activation", rec.activation),
+            self._k("lru"),
+            self._k("bytes"),
+        ]
+        try:
+            self._backfill()
+            evicted = self._call(self._scripts["PUT"], keys=keys, args=args)
+        except StorageFull:
+            self.health.refused("store")
+            raise
+        self.health.stored()
+        self.health.evicted("solutions", int(evicted))
+
+    def _backfill(self, chunk: int = 1000) -> None:
+        """Once per process: give records stored before retention existed a size and an LRU entry
+        (``redis_scripts.BACKFILL``), unless another process already finished that (the marker)."""
+        if self._backfilled:
+            return
+        if not self._call(self.r.exists, self._k("retention")):
+            start = 0
+            while True:
+                n = self._call(
+                    self._scripts["BACKFILL"],
+                    keys=[self._k("index"), self._k("lru"), self._k("bytes")],
+                    args=[self._PREFIX, start, chunk],
+                )
+                if n < chunk:
+                    break
+                start += chunk
+            self._call(self.r.set, self._k("retention"), "1")
+        self._backfilled = True
+
+    def delete(self, key):
+        return bool(self._call(self._scripts["DELETE"], keys=[self._k("sol", key)], args=[self._PREFIX, key]))
+
+    def stats(self) -> dict:
+        """How many records the cache holds and their bytes, as the retention bounds count them."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self._k("index"))
+        pipe.get(self._k("bytes"))
+        entries, size = self._call(pipe.execute)
+        return {
+            "entries": int(entries),
+            "bytes": stored_count(size),
+            "max_entries": self.max_entries,
+            "max_bytes": self.max_bytes,
+        }
+
+    def list(self, offset, limit, method=None, activation=None):
+        def run():
+            sets = [self._k("index")]
+            if method:
+                sets = [self._k("index", "method", method)]
+            if activation:
+                sets.append(self._k("index", "activation", activation))
+            if len(sets) == 1:
+                total = self.r.zcard(sets[0])
+                keys = self.r.zrevrange(sets[0], offset, offset + limit - 1)
+            else:
+                both = self.r.zinter(sets, withscores=True)  # newest first below
+                both.sort(key=lambda kv: -kv[1])
+                total = len(both)
+                keys = [k for k, _ in both[offset : offset + limit]]
+            return total, [k.decode(errors="replace") for k in keys]
+
+        total, keys = self._call(run)
+        records = [self.get(k, count_hit=False) for k in keys]
+        return total, [r for r in records if r is not None]
+
+    # The summary fields of one record, with targets and graph_summary cut out of the answer
+    # inside Redis (as summary_part does), so a page of summaries never ships whole answers.
+    _SUMMARY = """
+local h = redis.call('hmget', KEYS[1], 'created', 'version', 'method', 'activation', 'hits', 'answer')
+if not h[1] then return false end
+local a = h[6] or ''
+local function part(name)
+  local s, e = string.find(a, '"' .. name .. '":{', 1, true)
+  if not s then return '' end
+  local close = string.find(a, '}', e, true)
+  if not close then return '' end
+  return string.sub(a, e, close)
+end
+return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), part('graph_summary')}
+"""
+
+    def _index_sets(self, method, activation) -> list[str]:
+        sets = [self._k("index", "method", method)] if method else [self._k("index")]
+        if activation:
+            sets.append(self._k("index", "activation", activation))
+        return sets
+
+    def _page_keys(self, offset, limit, method, activation, key_prefix) -> tuple[int, list[bytes]]:
+        sets = self._index_sets(method, activation)
+        if not key_prefix and len(sets) == 1:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.zcard(sets[0])
+            pipe.zrevrange(sets[0], offset, offset + limit - 1)
+            total, keys = pipe.execute()
+            return total, keys
+        if key_prefix and len(key_prefix) >= 64 and len(sets) == 1:  # a whole key: one lookup
+            found = self.r.zscore(sets[0], key_prefix) is not None
+            return int(found), ([key_prefix.encode()] if found and offset == 0 else [])
+        if key_prefix:
+            # Redis matches the prefix while it scans the index (ZSCAN MATCH), so only the matches
+            # travel: a few milliseconds for 10,000 solutions. Keys are hashes, so a lexical index
+            # would help only this search, and not the newest-first order the page shows.
+            pattern = re.sub(r"([*?\[\]\\])", r"\\\1", key_prefix) + "*"
+            pairs = list(dict(self.r.zscan_iter(sets[0], match=pattern, count=10_000)).items())  # ZSCAN may repeat
+            if len(sets) > 1:
+                pipe = self.r.pipeline(transaction=False)
+                for k, _ in pairs:
+                    pipe.zscore(sets[1], k)
+                pairs = [kv for kv, found in zip(pairs, pipe.execute(), strict=False) if found is not None]
+        else:  # both filters: the intersection of the two indexes, O(n) in Redis
+            pairs = self.r.zinter(sets, withscores=True)
+        pairs.sort(key=lambda kv: -kv[1])  # newest first
+        return len(pairs), [k for k, _ in pairs[offset : offset + limit]]
+
+    def list_summaries(self, offset, limit, method=None, activation=None, key_prefix=None):
+        def run():
+            total, keys = self._page_keys(offset, limit, method, activation, key_prefix)
+            script = self.r.register_script(self._SUMMARY)
+            pipe = self.r.pipeline(transaction=False)
+            for k in keys:
+                script(keys=[self._k("sol", k.decode())], client=pipe)
+            # raise_on_error=False: a key holding something other than a hash (WRONGTYPE) is one
+            # unreadable row, skipped, not a failed page
+            return total, list(zip(keys, pipe.execute(raise_on_error=False), strict=False)) if keys else []
+
+        total, rows = self._call(run)
+        items = []
+        for k, fields in rows:
+            if not fields or isinstance(fields, Exception):
+                continue  # deleted between the index read and the record read, or not a hash
+            created, version, method_, activation_, hits, targets, summary = (
+                f.decode(errors="replace") for f in fields
+            )
+            row = summary_row(
+                k.decode(errors="replace"),
+                created,
+                version,
+                method_,
+                activation_,
+                hits,
+                json_object(targets),
+                json_object(summary),
+            )
+            if row is not None:
+                items.append(row)
+        return total, items
+
+    def counts(self, field, names):
+        names = list(names)
+
+        def run():
+            pipe = self.r.pipeline(transaction=False)
+            for name in names:
+                pipe.zcard(self._k("index", field, name))
+            return pipe.execute()
+
+        return {name: n for name, n in zip(names, self._call(run), strict=False) if n}
+
+    def ping(self):
+        try:
+            return bool(self.r.ping())
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            return False
+
+    def writable(self) -> bool:
+        """Whether Redis takes a write now (a probe key with a short expiry). OOM and READONLY are
+        states of the whole server, so a probe that succeeds also ends a degraded spell."""
+        try:
+            self._call(self.r.set, self._k("probe"), repr(time.time()), px=10_000)
+        except StorageFull:
+            return False
+        self.health.stored()
+        return True
+
+    def acquire(self, key, ttl_s):
+        token = uuid.uuid4().hex
+        ok = self._call(self.r.set, self._k("lock", key), token, nx=True, px=int(ttl_s * 1000))
+        return token if ok else None
+
+    def release(self, key, token):
+        try:
+            self.r.eval(self._RELEASE, 1, self._k("lock", key), token)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            pass  # the lock expires by itself
+
+    def close(self):
+        self.r.close()
+
+
+class RedisValidationStore(ValidationTransitions):
+    """Validations in Redis, on a connection the caller gives (the API shares it with the RQ queue)."""
+
+    backend = "redis"
+    INDEX = "sigprop:validations"
+    # one sorted set per solution key (validation id by creation time), for list_for_key
+    KEY_INDEX = "sigprop:validations:key:"
+
+    # KEYS[1] record; ARGV[1] comma-separated allowed statuses; ARGV[2] n pairs to set; then the
+    # pairs; then fields to delete.
+    _UPDATE = """
+local s = redis.call('hget', KEYS[1], 'status')
+if not s then return 0 end
+local ok = false
+for st in string.gmatch(ARGV[1], '[^,]+') do if st == s then ok = true end end
+if not ok then return 0 end
+local n = tonumber(ARGV[2])
+for i = 0, n - 1 do redis.call('hset', KEYS[1], ARGV[3 + 2 * i], ARGV[4 + 2 * i]) end
+for i = 3 + 2 * n, #ARGV do redis.call('hdel', KEYS[1], ARGV[i]) end
+return 1
+"""
+    # ARGV: now, device
+    _START = """
+local h = redis.call('hmget', KEYS[1], 'status', 'cancel')
+if not h[1] then return 0 end
+if h[1] ~= 'queued' and h[1] ~= 'running' then return 0 end
+if h[2] then
+  redis.call('hset', KEYS[1], 'status', 'cancelled', 'ended', ARGV[1],
+             'error', 'cancelled on request before it started')
+  return 0
+end
+local n = redis.call('hincrby', KEYS[1], 'attempts', 1)
+redis.call('hset', KEYS[1], 'status', 'running', 'started', ARGV[1], 'device', ARGV[2], 'progress', '{}')
+return n
+"""
+    _CANCEL = """
+local h = redis.call('hmget', KEYS[1], 'status', 'cancel')
+if not h[1] then return false end
+if h[1] == 'queued' then
+  redis.call('hset', KEYS[1], 'status', 'cancelled', 'ended', ARGV[1], 'cancel', ARGV[1],
+             'error', 'cancelled on request before it started')
+end
+if h[1] == 'running' and not h[2] then redis.call('hset', KEYS[1], 'cancel', ARGV[1]) end
+return h[1]
+"""
+
+    def __init__(self, connection, *, max_age_s: float = 0, max_records: int = 0):
+        self.r = connection
+        # retention (0: no bound): final validations older than max_age_s, or beyond the newest
+        # max_records, are removed when a new one is created; active ones never are
+        self.max_age_s, self.max_records = max_age_s, max_records
+        self.trimmed = 0  # removed by this process (the app's metrics read the difference)
+
+    @staticmethod
+    def key(vid: str) -> str:
+        return f"sigprop:val:{vid}"
+
+    def create(self, vid, key, request, created, owner=None):
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(
+            self.key(vid),
+            mapping={
+                "id": vid,
+                "status": "queued",
+                "key": key,
+                "request": dumps(request),
+                "created": repr(created),
+                "attempts": 0,
+                "progress": "{}",
+            },
+        )
+        pipe.zadd(self.INDEX, {vid: created})
+        pipe.zadd(self.KEY_INDEX + key, {vid: created})
+        pipe.execute()
+        if self.max_age_s or self.max_records:
+            self.trim(created)
+
+    def trim(self, now: float, cap: int = 100) -> int:
+        """Remove final validations past the retention bounds, at most ``cap`` per call: each
+        create removes about what it adds, so the work is amortized and never a full scan."""
+        cutoff = now - self.max_age_s if self.max_age_s else 0
+        n = int(
+            self.r.eval(
+                redis_scripts.TRIM_VALIDATIONS,
+                1,
+                self.INDEX,
+                repr(cutoff),
+                self.max_records,
+                self.key(""),
+                self.KEY_INDEX,
+                cap,
+            )
+        )
+        self.trimmed += n
+        return n
+
+    def discard(self, vid: str, key: str) -> None:
+        """Remove a record that was never accepted (its enqueue failed): a delete, which Redis
+        allows even when it refuses writes."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.delete(self.key(vid))
+        pipe.zrem(self.INDEX, vid)
+        pipe.zrem(self.KEY_INDEX + key, vid)
+        pipe.execute()
+
+    @staticmethod
+    def _text(h: dict) -> dict:
+        return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in h.items()}
+
+    def get(self, vid):
+        h = self.r.hgetall(self.key(vid))
+        return decode_validation(self._text(h)) if h.get(b"status") else None
+
+    def list(self, offset, limit):
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.INDEX)
+        pipe.zrevrange(self.INDEX, offset, offset + limit - 1)
+        total, ids = pipe.execute()
+        return total, self._summaries(ids)
+
+    def _summaries(self, ids) -> list[dict]:
+        pipe = self.r.pipeline(transaction=False)
+        for vid in ids:
+            pipe.hmget(self.key(vid.decode()), *SUMMARY_FIELDS)
+        rows = []
+        for values in pipe.execute(raise_on_error=False):
+            if isinstance(values, Exception):  # not a hash: unreadable, skipped
+                continue
+            raw = {
+                f: (v.decode(errors="replace") if v is not None else None)
+                for f, v in zip(SUMMARY_FIELDS, values, strict=False)
+            }
+            if raw["status"]:
+                rows.append(raw)
+        return decode_validations(rows)
+
+    def list_for_key(self, key, limit):
+        self._index_by_key()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.KEY_INDEX + key)
+        pipe.zrevrange(self.KEY_INDEX + key, 0, limit - 1)
+        total, ids = pipe.execute()
+        return total, self._summaries(ids)
+
+    _indexed_by_key = False
+
+    def _index_by_key(self, chunk: int = 1000) -> None:
+        """Once per process: add validations created before the per-key index existed (or by an
+        older sigprop) to it. ZADD is idempotent, so concurrent runs do no harm."""
+        if self._indexed_by_key:
+            return
+        start = 0
+        while True:
+            rows = self.r.zrange(self.INDEX, start, start + chunk - 1, withscores=True)
+            if not rows:
+                break
+            pipe = self.r.pipeline(transaction=False)
+            for vid, _ in rows:
+                pipe.hget(self.key(vid.decode()), "key")
+            keys = pipe.execute()
+            pipe = self.r.pipeline(transaction=False)
+            for (vid, created), key in zip(rows, keys, strict=False):
+                if key:
+                    pipe.zadd(self.KEY_INDEX + key.decode(), {vid: created})
+            pipe.execute()
+            start += chunk
+        self._indexed_by_key = True
+
+    def start(self, vid, device):
+        return int(self.r.eval(self._START, 1, self.key(vid), repr(time.time()), device))
+
+    def update(self, vid, fields, only_if):
+        sets = [(k, v) for k, v in fields.items() if v is not None]
+        dels = [k for k, v in fields.items() if v is None]
+        args: list[Any] = [",".join(only_if), len(sets)]
+        for k, v in sets:
+            args += [k, repr(v) if isinstance(v, float) else str(v)]
+        args += dels
+        return bool(self.r.eval(self._UPDATE, 1, self.key(vid), *args))
+
+    def set_progress(self, vid, progress):
+        self.update(vid, {"progress": dumps(progress)}, only_if=("running",))
+
+    def request_cancel(self, vid, now):
+        out = self.r.eval(self._CANCEL, 1, self.key(vid), repr(now))
+        return out.decode() if isinstance(out, bytes) else out
+
+    def cancel_requested(self, vid):
+        v = self.r.hget(self.key(vid), "cancel")
+        return float(v) if v else None
+
+    def close(self):
+        self.r.close()
