@@ -18,6 +18,7 @@ import hashlib
 import hmac
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from ..errors import SigpropError
 
@@ -53,11 +54,38 @@ def presented_key(request: Request):
     return _MALFORMED
 
 
-class KeyChecker:
-    """A FastAPI dependency: passes requests that carry one of ``keys_csv``, else 401/403."""
+# keys a server refuses to start with: the examples the repository ships (.env.example) and the like
+EXAMPLE_KEYS = frozenset({"change-me", "changeme", "change_me", "secret", "password", "your-key-here", "api-key"})
+MIN_KEY_CHARS = 16
 
-    def __init__(self, keys_csv: str):
+
+def weak_keys(keys_csv: str) -> str | None:
+    """Why ``sigprop serve`` must not start with these keys (an example key, or one shorter than
+    ``MIN_KEY_CHARS``), naming keys by position only; None when they are all acceptable."""
+    keys = [k.strip() for k in keys_csv.split(",") if k.strip()]
+    for i, key in enumerate(keys, start=1):
+        if key.lower() in EXAMPLE_KEYS or key.lower().startswith("change-me"):
+            return (
+                f"key {i} of {len(keys)} is an example key (as in .env.example); set your own, e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        if len(key) < MIN_KEY_CHARS:
+            return (
+                f"key {i} of {len(keys)} has {len(key)} characters; use at least {MIN_KEY_CHARS}, e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+    return None
+
+
+class KeyChecker:
+    """A FastAPI dependency: passes requests that carry one of ``keys_csv``, else 401/403. With
+    ``failures`` (a ``ratelimit.RateLimit`` per client address), wrong keys are counted, and a
+    client over that limit gets 429 for every keyed request, a right key included, so guessing
+    is bounded."""
+
+    def __init__(self, keys_csv: str, failures=None):
         self._digests = [digest(k.strip()) for k in keys_csv.split(",") if k.strip()]
+        self.failures = failures if failures is not None and failures.enabled else None
 
     @property
     def configured(self) -> bool:
@@ -83,17 +111,38 @@ class KeyChecker:
         path = request.url.path
         browser = path == "/" or path.startswith(BROWSER_PATHS)  # "/" redirects to the dashboard
         if not isinstance(key, str):
-            hint = ("sign in with any user name and an API key as the password" if browser else
-                    "send the header 'Authorization: Bearer <key>' (or HTTP Basic with the key as the password)")
-            raise SigpropError("unauthorized", "this endpoint needs an API key", hint,
-                               headers={"WWW-Authenticate": BASIC_REALM if browser else BEARER_REALM})
+            hint = (
+                "sign in with any user name and an API key as the password"
+                if browser
+                else "send the header 'Authorization: Bearer <key>' (or HTTP Basic with the key as the password)"
+            )
+            raise SigpropError(
+                "unauthorized",
+                "this endpoint needs an API key",
+                hint,
+                headers={"WWW-Authenticate": BASIC_REALM if browser else BEARER_REALM},
+            )
+        address = f"addr:{request.client.host if request.client is not None else 'unknown'}"
+        if self.failures is not None:  # the limiter may talk to Redis: off the event loop
+            over = await run_in_threadpool(self.failures.exhausted, address)
+            if over is not None:
+                raise over
         if not self._matches(key):
-            raise SigpropError("forbidden", "the API key is not valid here",
-                               "use a key listed in the server's SIGPROP_API_KEYS")
+            if self.failures is not None:
+                await run_in_threadpool(self.failures.check, address)  # 429 once over the limit
+            raise SigpropError(
+                "forbidden", "the API key is not valid here", "use a key listed in the server's SIGPROP_API_KEYS"
+            )
 
 
 async def open_access() -> None:
     """The dependency for reads when SIGPROP_KEYS_FOR_READS is off: everyone may read."""
+
+
+def has_valid_key(request: Request) -> bool:
+    """Whether the request carries one of the server's API keys (never raises): what decides
+    whether a reader sees validation errors and dataset names."""
+    return request.app.state.keys.valid_key_digest(request) is not None
 
 
 def client_identity(request: Request, keys: KeyChecker) -> str:

@@ -13,15 +13,28 @@ import sys
 import time
 import uuid
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
 REQUESTS = Counter("sigprop_requests_total", "HTTP requests", ["route", "method", "status"])
-LATENCY = Histogram("sigprop_request_seconds", "HTTP request latency", ["route", "method"],
-                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+LATENCY = Histogram(
+    "sigprop_request_seconds",
+    "HTTP request latency",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+# The method label is a closed set: a made-up method answers 405 under "other", so no client can
+# grow /metrics by inventing methods.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 CACHE = Counter("sigprop_cache_total", "solution cache lookups", ["result"])  # hit, miss, error
-SOLVE_SECONDS = Histogram("sigprop_solve_seconds", "engine solve time", ["method"],
-                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+# refused_hit_count, refused_store, refused_validation (the store refused a write: full or
+# read-only), evicted_solutions, evicted_validations (retention bounds)
+STORAGE = Counter("sigprop_storage_events_total", "writes the store refused, and records retention removed", ["event"])
+SOLVE_SECONDS = Histogram(
+    "sigprop_solve_seconds",
+    "engine solve time",
+    ["method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 
 
 def metrics_payload() -> tuple[bytes, str]:
@@ -34,7 +47,12 @@ def metrics_payload() -> tuple[bytes, str]:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
@@ -69,6 +87,7 @@ class RequestContextMiddleware:
         scope.setdefault("state", {})["request_id"] = rid
         start = time.perf_counter()
         status = [500]
+        method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
@@ -77,16 +96,29 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            if method == "other":
+                await _unknown_method(send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - start
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            REQUESTS.labels(path, scope["method"], str(status[0])).inc()
-            LATENCY.labels(path, scope["method"]).observe(elapsed)
-            self.logger.info("request", extra={"fields": {
-                "request_id": rid, "method": scope["method"], "path": scope["path"], "route": path,
-                "status": status[0], "ms": round(elapsed * 1000, 3)}})
+            REQUESTS.labels(path, method, str(status[0])).inc()
+            LATENCY.labels(path, method).observe(elapsed)
+            self.logger.info(
+                "request",
+                extra={
+                    "fields": {
+                        "request_id": rid,
+                        "method": scope["method"][:16],
+                        "path": scope["path"],
+                        "route": path,
+                        "status": status[0],
+                        "ms": round(elapsed * 1000, 3),
+                    }
+                },
+            )
 
 
 class BodyLimitMiddleware:
@@ -125,8 +157,44 @@ class _BodyTooLarge(Exception):
 
 
 async def _too_large(send, limit: int):
-    body = json.dumps({"error": {"code": "payload_too_large", "message": f"the request body is over {limit} bytes",
-                                 "hint": "send a smaller graph, use a template, or raise SIGPROP_MAX_BODY_BYTES"}}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    body = json.dumps(
+        {
+            "error": {
+                "code": "payload_too_large",
+                "message": f"the request body is over {limit} bytes",
+                "hint": "send a smaller graph, use a template, or raise SIGPROP_MAX_BODY_BYTES",
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _unknown_method(send):
+    body = json.dumps(
+        {
+            "error": {
+                "code": "method_not_allowed",
+                "message": "this service does not know that HTTP method",
+                "hint": f"use one of {', '.join(sorted(HTTP_METHODS))}",
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 405,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"allow", ", ".join(sorted(HTTP_METHODS)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -1,6 +1,14 @@
 """The solve path behind POST /v1/solve: cache lookup, single flight, solve, store, degrade.
 
-Kept free of HTTP so it reads as the product's logic: routers call it from a worker thread.
+Kept free of HTTP so it reads as the product's logic: routers call it from a worker thread, in two
+steps so that a cold solve never holds a thread that cache hits need: ``begin`` (memo, admission,
+canonicalization, cache lookup: answers hits) and ``finish`` (single flight and the cold solve,
+which runs in a ``coldpool.SolverPool`` process that is killed at the deadline).
+
+Admission comes before any work that grows with the request: the cost (nodes plus edges, from a
+template's parameters or by counting the wire graph) is checked against ``max_cost`` and the
+client's cold-solve budget is checked (without counting) before the graph is built; the body memo
+is bounded in bytes and only remembers admitted requests.
 """
 
 from __future__ import annotations
@@ -8,23 +16,28 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from ..cache import CacheUnavailable, SolutionCache, answer_digest, new_record
-from ..engine.solve import personalize_json, prepare, solve_canonical
+from pydantic import ValidationError
+
+from ..answers import personalize_json
+from ..engine.solve import prepare, solve_canonical
 from ..engine.templates import template_size
 from ..errors import SigpropError
 from ..requests import SOLVE_HINT, load_json, parse_solve_request
 from ..schemas.graph import Template
-from .observability import CACHE, SOLVE_SECONDS
+from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
+from ..storage.records import PLAIN
+from .admission import BodyMemo, check_body_cost, check_cost
+from .coldpool import SolverPool, solve_request, timeout_error
+from .observability import CACHE, SOLVE_SECONDS, STORAGE
 
 log = logging.getLogger("sigprop")
 _POLL_S = 0.02
-_MEMO_SIZE = 4096
+_QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
+_IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
 CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
 
 
@@ -38,27 +51,77 @@ class _Parsed:
 
 
 @dataclass
+class ColdSolve:
+    """A request ``begin`` could not answer from the cache: what ``finish`` needs to solve it."""
+
+    parsed: _Parsed
+    method: str
+    activation: str
+    request_text: str  # the request as stored with its answer (compact JSON)
+    payload: dict | bytes  # what a solver process solves: the parsed body, or the body itself
+    prep: object | None  # the prepared request, when it was prepared in this process
+    notes: list[str]
+    client: str | None
+
+
+def prepare_body(body: bytes, limits: dict) -> tuple:
+    """``SolutionService.admit_and_prepare`` in a solver process (large bodies: their JSON parse,
+    validation and graph build would hold the API process's GIL): the parsed request, method,
+    activation and stored request text."""
+    checker = SolutionService(
+        None,
+        limits["max_nodes"],
+        1.0,
+        1.0,
+        max_depth=limits["max_depth"],
+        max_fan_in=limits["max_fan_in"],
+        max_cost=limits["max_cost"],
+    )
+    parsed, prep, data = checker.admit_and_prepare(body)
+    return parsed, prep.request.method, prep.request.activation, json.dumps(data, separators=(",", ":"))
+
+
+@dataclass
 class SolveOutcome:
-    body: str       # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
+    body: str  # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
     cached: bool
     key: str
 
 
 class SolutionService:
-    def __init__(self, cache: SolutionCache, max_nodes: int, lock_timeout_s: float, wait_timeout_s: float, *,
-                 max_depth: int = 10_000, max_fan_in: int = 1024, limit_cold: Callable[[str | None], None] | None = None):
+    def __init__(
+        self,
+        cache: SolutionCache,
+        max_nodes: int,
+        lock_timeout_s: float,
+        wait_timeout_s: float,
+        *,
+        max_depth: int = 10_000,
+        max_fan_in: int = 1024,
+        limit_cold: Callable[[str | None], None] | None = None,
+        max_cost: int | None = None,
+        memo_bytes: int = 64 << 20,
+        solver: SolverPool | None = None,
+        solve_timeout_s: float | None = None,
+    ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
-        self._memo: OrderedDict[bytes, _Parsed] = OrderedDict()
-        self._memo_lock = threading.Lock()
+        self._memo = BodyMemo(memo_bytes)
         self.cache = cache
         self.max_nodes = max_nodes
         self.max_depth = max_depth
         self.max_fan_in = max_fan_in
-        # called with the client's identity right before a cold solve; raises rate_limited (429)
+        self.max_cost = max_cost  # nodes + edges; None: no budget beyond the node limit
+        # called with the client's identity right before a cold solve; raises rate_limited (429).
+        # Its ``precheck`` (when it has one) refuses a client already over budget, without counting.
         self.limit_cold = limit_cold
         self.lock_timeout_s = lock_timeout_s
         self.wait_timeout_s = wait_timeout_s
+        health = getattr(cache, "health", None)
+        if health is not None:  # refused writes and evictions, counted in the metrics
+            health.listen(lambda event, n: STORAGE.labels(event).inc(n))
+        self.solver = solver  # None: solve in the calling thread (offline use, tests)
+        self.solve_timeout_s = solve_timeout_s if solve_timeout_s is not None else wait_timeout_s
 
     # -- cache access that degrades instead of failing -----------------------------------------
     def _lookup(self, key: str, warnings: list[str]) -> str | None:
@@ -72,20 +135,69 @@ class SolutionService:
             return None
         return text
 
-    def solve(self, body: bytes, client: str | None = None) -> SolveOutcome:
+    def solve(self, body: bytes, client: str | None = None, deadline: float | None = None) -> SolveOutcome:
         """The answer to a request body. ``client`` is who a cold solve is counted against by
         ``limit_cold`` (None: not limited); cache hits are never counted."""
+        step = self.begin(body, client)
+        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline)
+
+    def begin(self, body: bytes, client: str | None = None) -> SolveOutcome | ColdSolve:
+        """A cache hit's answer, or what ``finish`` needs to solve the request. Admission comes
+        first: for a large new body, the client's cold-solve budget (not counted yet) and a cost
+        bound from its bytes; then size limits and cost from the parsed body alone; only then is
+        the graph built and canonicalized (for a large body, in a solver process)."""
         digest = hashlib.sha256(body).digest()
-        with self._memo_lock:
-            parsed = self._memo.get(digest)
+        parsed = self._memo.get(digest)
         notes: list[str] = []
         if parsed is not None:
             text = self._lookup(parsed.key, notes)
             if text is not None:
                 CACHE.labels("hit").inc()
-                return SolveOutcome(personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key)
+                return SolveOutcome(
+                    personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key
+                )
 
+        precheck = getattr(self.limit_cold, "precheck", None)
+        if parsed is None and precheck is not None and len(body) > _IN_THREAD_BYTES:
+            # a new body that costs real work to parse and build: a client already over its
+            # cold-solve budget gets its 429 first (not counted). Small bodies cost milliseconds:
+            # they are built, and a cache hit (same key, other bytes) still answers.
+            precheck(client)
+        if self.max_cost is not None and len(body) > _QUICK_BYTES:
+            check_body_cost(body, self.max_cost)  # a lower bound from the bytes, before parsing them
+        if self.solver is not None and len(body) > _IN_THREAD_BYTES:
+            parsed, method, activation, request_text = self.solver.call(
+                prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request"
+            )
+            prep, payload = None, body
+        else:
+            parsed, prep, payload = self.admit_and_prepare(body)
+            method, activation = prep.request.method, prep.request.activation
+            request_text = json.dumps(payload, separators=(",", ":"))
+        self._memo.put(digest, parsed)
+
+        notes = []
+        text = self._lookup(parsed.key, notes)
+        if text is None:
+            if not notes:
+                CACHE.labels("miss").inc()
+            return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client)
+        CACHE.labels("hit").inc()
+        return SolveOutcome(personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key)
+
+    def prepares_in_process(self, body: bytes) -> bool:
+        """Whether ``begin`` sends this body to a solver process to be parsed and prepared."""
+        return (
+            self.solver is not None
+            and len(body) > _IN_THREAD_BYTES
+            and self._memo.get(hashlib.sha256(body).digest()) is None
+        )
+
+    def admit_and_prepare(self, body: bytes) -> tuple:
+        """(parsed, prepared request, JSON data) of a body, refused (413) as early as its size says."""
         data = load_json(body, SOLVE_HINT)
+        if isinstance(data, dict):
+            self._admit(data.get("graph"))  # before validating or building the graph
         request = parse_solve_request(data)
         self.check_size(request.graph)
         prep = prepare(request)
@@ -94,27 +206,27 @@ class SolutionService:
         depth = prep.graph.depth()
         if depth > self.max_depth:
             raise _too_deep(depth, self.max_depth)
-        parsed = _Parsed(prep.key, tuple(prep.ids), tuple(prep.graph.warnings))
-        with self._memo_lock:
-            self._memo[digest] = parsed
-            if len(self._memo) > _MEMO_SIZE:
-                self._memo.popitem(last=False)
+        return _Parsed(prep.key, tuple(prep.ids), tuple(prep.graph.warnings)), prep, data
 
-        notes = []
-        text = self._lookup(prep.key, notes)
-        cached = text is not None
-        if cached:
-            CACHE.labels("hit").inc()
-        else:
-            if not notes:
-                CACHE.labels("miss").inc()
-            text, cached = self._solve_once(prep, data, notes, client)
-        answer = personalize_json(text, parsed.ids, parsed.graph_warnings + tuple(notes), cached=cached)
-        return SolveOutcome(answer, cached, prep.key)
+    def _limits(self) -> dict:
+        return {
+            "max_nodes": self.max_nodes,
+            "max_depth": self.max_depth,
+            "max_fan_in": self.max_fan_in,
+            "max_cost": self.max_cost,
+        }
+
+    def finish(self, cold: ColdSolve, deadline: float | None = None) -> SolveOutcome:
+        """Solve what ``begin`` missed (single flight; killed at ``deadline``, a monotonic time)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.solve_timeout_s
+        text, cached = self._solve_once(cold, deadline)
+        answer = personalize_json(text, cold.parsed.ids, cold.parsed.graph_warnings + tuple(cold.notes), cached=cached)
+        return SolveOutcome(answer, cached, cold.parsed.key)
 
     def check_size(self, graph) -> None:
-        """Refuse a graph over the limits before any work on it: a hand-written graph's node count
-        and fan-ins, a template's size from its parameters alone (``graph_too_large``, 413)."""
+        """Refuse a graph over the limits before any work on it: a hand-written graph's node count,
+        fan-ins and cost (nodes + edges), a template's from its parameters alone (``graph_too_large``, 413)."""
         if isinstance(graph, Template):
             size = template_size(graph)
             if size is None:
@@ -126,63 +238,110 @@ class SolutionService:
                 raise _too_deep(depth, self.max_depth, f"template '{graph.template}' expands to")
             if fan_in > self.max_fan_in:
                 raise _fan_in(f"a concat of template '{graph.template}'", fan_in, self.max_fan_in)
-            return
-        if len(graph.nodes) > self.max_nodes:
-            raise _too_large(len(graph.nodes), self.max_nodes)
-        for nd in graph.nodes:
-            if nd.op in ("sum", "concat") and len(nd.inputs) > self.max_fan_in:
-                raise _fan_in(f"{nd.op} node '{nd.id}'", len(nd.inputs), self.max_fan_in)
+        else:
+            if len(graph.nodes) > self.max_nodes:
+                raise _too_large(len(graph.nodes), self.max_nodes)
+            for nd in graph.nodes:
+                if nd.op in ("sum", "concat") and len(nd.inputs) > self.max_fan_in:
+                    raise _fan_in(f"{nd.op} node '{nd.id}'", len(nd.inputs), self.max_fan_in)
+        if self.max_cost is not None:
+            check_cost(graph, self.max_cost)
 
-    def _solve_once(self, prep, data, notes: list[str], client: str | None = None) -> tuple[str, bool]:
+    def _admit(self, raw_graph) -> None:
+        """``check_size`` on the raw JSON graph, before the request is validated: a template's
+        limits from its parameters, a node-by-node graph's node count and cost by counting."""
+        if isinstance(raw_graph, dict) and "template" in raw_graph:
+            try:
+                template = Template.model_validate(raw_graph)
+            except ValidationError:
+                return  # validation says why
+            self.check_size(template)
+            return
+        nodes = raw_graph.get("nodes") if isinstance(raw_graph, dict) else None
+        if isinstance(nodes, list) and len(nodes) > self.max_nodes:
+            raise _too_large(len(nodes), self.max_nodes)
+        if self.max_cost is not None:
+            check_cost(raw_graph, self.max_cost)
+
+    def _solve_once(self, cold: ColdSolve, deadline: float) -> tuple[str, bool]:
         """Single flight: one solver per key across processes; the others read its answer."""
+        key, notes = cold.parsed.key, cold.notes
         token = None
         if not notes:  # the cache answered the lookup, so it can hold the lock too
-            deadline = time.monotonic() + self.wait_timeout_s
+            wait_until = min(time.monotonic() + self.wait_timeout_s, deadline)
             while True:
                 try:
-                    token = self.cache.acquire(prep.key, self.lock_timeout_s)
+                    token = self.cache.acquire(key, self.lock_timeout_s)
                 except CacheUnavailable:
                     break
                 if token is not None:
                     # Another solver may have stored the answer between our miss and our lock.
-                    found = self._lookup(prep.key, notes)
+                    found = self._lookup(key, notes)
                     if found is not None:
-                        self.cache.release(prep.key, token)
+                        self.cache.release(key, token)
                         CACHE.labels("hit").inc()
                         return found, True
                     break
-                found = self._lookup(prep.key, notes)
+                found = self._lookup(key, notes)
                 if found is not None:
                     CACHE.labels("hit").inc()
                     return found, True
-                if time.monotonic() > deadline:
+                if time.monotonic() > wait_until:
                     break  # the other solver is stuck or slow: solve here too
                 time.sleep(_POLL_S)
         try:
             if self.limit_cold is not None:
-                self.limit_cold(client)  # a cold solve from here on: count it (429 when over budget)
+                self.limit_cold(cold.client)  # a cold solve from here on: count it (429 when over budget)
             start = time.perf_counter()
-            canonical = solve_canonical(prep).to_json()
-            SOLVE_SECONDS.labels(prep.request.method).observe(time.perf_counter() - start)
+            canonical = self._compute(cold, deadline)
+            SOLVE_SECONDS.labels(cold.method).observe(time.perf_counter() - start)
             if not notes:
                 try:
-                    self.cache.put(new_record(prep.key, canonical, json.dumps(data, separators=(",", ":")),
-                                              prep.ids, prep.request.method, prep.request.activation))
+                    self.cache.put(
+                        new_record(
+                            key, canonical, cold.request_text, list(cold.parsed.ids), cold.method, cold.activation
+                        )
+                    )
+                except StorageFull as exc:  # reachable but full or read-only: answered, not stored
+                    notes.append(str(exc))
                 except CacheUnavailable:
                     notes.append(CACHE_DOWN)
             return canonical, False
         finally:
             if token is not None:
-                self.cache.release(prep.key, token)
+                self.cache.release(key, token)
+
+    def _compute(self, cold: ColdSolve, deadline: float) -> str:
+        """The canonical answer JSON: in a solver process killed at ``deadline``, or in this thread."""
+        if self.solver is None:
+            return solve_canonical(cold.prep).to_json()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise timeout_error(self.solve_timeout_s)
+        return self.solver.call(solve_request, (cold.payload,), left, timeout_s=self.solve_timeout_s)
 
     # -- stored solutions -------------------------------------------------------------------------
     def get(self, key: str) -> dict:
         rec = self.cache.get(key, count_hit=False)
-        if rec is None or rec.digest != answer_digest(rec.answer):
-            raise SigpropError("not_found", f"no stored solution has key {key}",
-                               "POST the request to /v1/solve, or list keys with GET /v1/solutions")
-        answer = personalize_json(rec.answer, rec.ids, cached=True)
-        return {**rec.summary(), "request": json.loads(rec.request), "answer": json.loads(answer)}
+        if rec is None or not getattr(self.cache, "checksum", PLAIN).verify(rec.answer, rec.digest):
+            raise SigpropError(
+                "not_found",
+                f"no stored solution has key {key}",
+                "POST the request to /v1/solve, or list keys with GET /v1/solutions",
+            )
+        try:
+            answer = json.loads(personalize_json(rec.answer, rec.ids, cached=True))
+        except ValueError:  # checksummed but not JSON: nothing sigprop wrote; shown as missing
+            raise SigpropError(
+                "not_found",
+                f"the stored solution {key} is unreadable",
+                "POST its request to /v1/solve to store it again",
+            ) from None
+        try:
+            request = json.loads(rec.request)
+        except ValueError:  # the answer is intact: show it, without the request it came from
+            request = None
+        return {**rec.summary(), "request": request, "answer": answer}
 
     def list(self, offset: int, limit: int, method: str | None, activation: str | None) -> dict:
         total, records = self.cache.list(offset, limit, method, activation)
@@ -195,16 +354,24 @@ class SolutionService:
 
 
 def _too_large(n: int, limit: int, what: str = "the graph has") -> SigpropError:
-    return SigpropError("graph_too_large", f"{what} {n} nodes, more than this service's limit of {limit}",
-                        "split the network, use a smaller template depth, or raise SIGPROP_MAX_NODES on your own deployment")
+    return SigpropError(
+        "graph_too_large",
+        f"{what} {n} nodes, more than this service's limit of {limit}",
+        "split the network, use a smaller template depth, or raise SIGPROP_MAX_NODES on your own deployment",
+    )
 
 
 def _too_deep(depth: int, limit: int, what: str = "the graph has") -> SigpropError:
-    return SigpropError("graph_too_large",
-                        f"{what} {depth} nonlinear layers on its longest path, more than this service's limit of {limit}",
-                        "use a smaller depth, or raise SIGPROP_MAX_DEPTH on your own deployment")
+    return SigpropError(
+        "graph_too_large",
+        f"{what} {depth} nonlinear layers on its longest path, more than this service's limit of {limit}",
+        "use a smaller depth, or raise SIGPROP_MAX_DEPTH on your own deployment",
+    )
 
 
 def _fan_in(what: str, n: int, limit: int) -> SigpropError:
-    return SigpropError("graph_too_large", f"{what} has {n} inputs, more than this service's limit of {limit}",
-                        "join the inputs in a tree of smaller sums or concats, or raise SIGPROP_MAX_FAN_IN on your own deployment")
+    return SigpropError(
+        "graph_too_large",
+        f"{what} has {n} inputs, more than this service's limit of {limit}",
+        "join the inputs in a tree of smaller sums or concats, or raise SIGPROP_MAX_FAN_IN on your own deployment",
+    )

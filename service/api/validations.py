@@ -1,15 +1,12 @@
-"""``/v1/validations`` (contract section 4): submit, follow, list and cancel validation trainings.
+"""The logic behind ``/v1/validations`` (contract section 4; the routes are
+``routers/validations.py``), free of HTTP: submit, follow, list and cancel validation trainings.
 
-``POST /v1/validations`` (API key required) takes a ``ValidationRequest``: ``{"solve": <a /v1/solve
-request>}`` is solved first (through the same cache and single flight as ``POST /v1/solve``) and
-``{"key": ...}`` loads a stored solution, so the job carries the graph and the answer and a worker
-never needs the solver or the cache. It answers 202 ``{"id", "status": "queued"}``.
-
-``GET /v1/validations/{id}`` answers a ``ValidationJob``; ``GET /v1/validations`` lists jobs newest
-first (paginated); ``DELETE /v1/validations/{id}`` (key required) cancels: a queued job is removed
-at once (200, ``cancelled``), a running one is asked to stop (202, still ``running`` until its job
-notices, within about a second, or its worker kills it after the cancel grace); a job already
-final is answered unchanged (200).
+A submission takes a ``ValidationRequest``: ``{"solve": <a /v1/solve request>}`` is solved first
+(through the same cache and single flight as ``POST /v1/solve``) and ``{"key": ...}`` loads a
+stored solution, so the job carries the graph and the answer and a worker never needs the solver
+or the cache. A cancel removes a queued job at once (200, ``cancelled``) and asks a running one to
+stop (202, still ``running`` until its job notices, within about a second, or its worker kills it
+after the cancel grace); a job already final is answered unchanged (200).
 
 With ``SIGPROP_REDIS_URL`` the jobs go to RQ and ``sigprop worker`` processes run them; without it
 a thread pool in this process runs them and the state lives in the embedded SQLite file.
@@ -22,74 +19,117 @@ import os
 import sqlite3
 import time
 import uuid
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Protocol
 
 import redis
-from fastapi import APIRouter, Depends, Path as PathParam, Query, Request, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ..engine.templates import expand_template
 from ..errors import SigpropError
-from ..requests import load_json, parse_solve_request
+from ..requests import invalid_request, load_json, parse_solve_request
 from ..schemas.graph import Template
-from ..schemas.solve import ErrorResponse
-from ..schemas.validation import ValidationJob, ValidationRequest, ValidationSummary
-from ..worker.queue import (ACTIVE, LocalRunner, RedisQueue, RedisValidationStore, SqliteValidationStore,
-                            ValidationStore)
+from ..schemas.validation import ValidationRequest
+from ..storage import (
+    ACTIVE,
+    RedisValidationStore,
+    SqliteValidationStore,
+    UnreadableRecord,
+    ValidationStore,
+    retention,
+    sqlite_path,
+    write_refused,
+)
+from ..worker.dataset_policy import DatasetPolicy, graph_input_shape
+from ..worker.local import LocalRunner
+from ..worker.queue import RedisQueue
+from .observability import STORAGE
 from .solutions import SolutionService
 
-ERRORS = {code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)}
-LIMITED = {429: {"model": ErrorResponse, "description": "rate_limited: over the client's budget; see Retry-After",
-                 "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}}}
 DATASETS = ("digits", "synthetic")
-ValidationId = Annotated[str, PathParam(max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
-class Accepted(BaseModel):
-    id: str
-    status: Literal["queued"] = "queued"
+class Runner(Protocol):
+    """What runs the jobs: ``worker.queue.RedisQueue`` (RQ) or ``worker.local.LocalRunner``."""
 
+    def submit(self, vid: str, payload: dict) -> None: ...
 
-class ValidationList(BaseModel):
-    total: int
-    offset: int
-    limit: int
-    items: list[ValidationSummary]
+    def cancel(self, vid: str) -> None:
+        """Take a queued job off the queue (its record is already ``cancelled``)."""
+        ...
+
+    def outcome(self, vid: str) -> tuple[str, str] | None:
+        """How the runner ended a job still active in the store, if it did: (status, reason)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def _unavailable(exc: Exception) -> SigpropError:
-    return SigpropError("queue_unavailable", f"the validation store cannot be reached right now ({type(exc).__name__})",
-                        "retry shortly", 503)
+    if write_refused(exc):
+        return SigpropError(
+            "storage_full",
+            "the validation store refuses writes right now (full or read-only): the validation was not accepted",
+            "retry later; nothing was queued, so resubmitting "
+            "cannot run it twice. Operators: free memory or disk, or lower SIGPROP_VALIDATION_MAX_* "
+            "and SIGPROP_CACHE_MAX_*",
+            503,
+        )
+    return SigpropError(
+        "queue_unavailable",
+        f"the validation store cannot be reached right now ({type(exc).__name__})",
+        "retry shortly",
+        503,
+    )
 
 
 def _not_found(vid: str) -> SigpropError:
     return SigpropError("not_found", f"no validation has id {vid}", "list validations with GET /v1/validations")
 
 
+HIDDEN_ERROR = "(hidden: send an API key to see this validation's error)"
+HIDDEN_DATASET = "(an .npz file)"
+
+
+def redact(rec: dict) -> dict:
+    """A validation record as shown without an API key: no raw error text and no dataset file name
+    (in the request and in the results)."""
+    out = dict(rec)
+    if out.get("error"):
+        out["error"] = HIDDEN_ERROR
+    req = out.get("request")
+    if isinstance(req, dict) and str(req.get("dataset", "")).lower().endswith(".npz"):
+        out["request"] = {**req, "dataset": HIDDEN_DATASET}
+        res = out.get("results")
+        if isinstance(res, dict) and isinstance(res.get("dataset"), dict):
+            out["results"] = {**res, "dataset": {**res["dataset"], "name": HIDDEN_DATASET}}
+    return out
+
+
 def _check_dataset(name: str) -> None:
     if name in DATASETS or name.endswith(".npz"):
         return
-    raise SigpropError("invalid_request", f"dataset: {name!r} is not a dataset",
-                       "use 'digits', 'synthetic', or the path of an .npz file on the worker "
-                       "(arrays x_train, y_train, x_test, y_test)")
+    raise SigpropError(
+        "invalid_request",
+        f"dataset: {name!r} is not a dataset",
+        "use 'digits', 'synthetic', or the name of an .npz file in SIGPROP_DATASETS_DIR "
+        "(arrays x_train, y_train, x_test, y_test)",
+    )
 
 
 def _parse(body: bytes) -> tuple[dict, ValidationRequest]:
-    data = load_json(body, "send {\"solve\": <a /v1/solve request>} or {\"key\": \"<solution key>\"}, plus dataset and steps")
+    data = load_json(body, 'send {"solve": <a /v1/solve request>} or {"key": "<solution key>"}, plus dataset and steps')
     if not isinstance(data, dict):
-        raise SigpropError("invalid_request", "the request body must be a JSON object",
-                           "send {\"solve\": <a /v1/solve request>} or {\"key\": \"<solution key>\"}, plus dataset and steps")
+        raise SigpropError(
+            "invalid_request",
+            "the request body must be a JSON object",
+            'send {"solve": <a /v1/solve request>} or {"key": "<solution key>"}, plus dataset and steps',
+        )
     try:
         req = ValidationRequest.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        loc = tuple(first.get("loc", ()))
-        if loc[:1] == ("solve",) and isinstance(data.get("solve"), dict):
+        if exc.errors()[0].get("loc", ())[:1] == ("solve",) and isinstance(data.get("solve"), dict):
             parse_solve_request(data["solve"])  # raises the code POST /v1/solve answers (invalid_graph, ...)
-        where = ".".join(str(p) for p in loc) or "request"
-        raise SigpropError("invalid_request", f"{where}: {first.get('msg', 'invalid value')}",
-                           "see ValidationRequest in the OpenAPI description at /docs") from None
+        raise invalid_request(exc, "see ValidationRequest in the OpenAPI description at /docs") from None
     _check_dataset(req.dataset)
     return data, req
 
@@ -104,20 +144,37 @@ def _wire_graph(solve_request) -> dict:
 class Validations:
     """The logic behind the routes, free of HTTP (called from the app's worker threads)."""
 
-    def __init__(self, store: ValidationStore, queue, solutions: SolutionService, local: bool):
+    def __init__(
+        self,
+        store: ValidationStore,
+        queue: Runner,
+        solutions: SolutionService,
+        local: bool,
+        policy: DatasetPolicy | None = None,
+    ):
         self.store, self.queue, self.solutions, self.local = store, queue, solutions, local
+        # with no policy given: no datasets folder (.npz off) and the settings' default bounds
+        self.policy = policy or DatasetPolicy(None, 256_000_000, 16_384)
 
     def _guard(self, fn, *args):
         try:
             return fn(*args)
         except (redis.RedisError, sqlite3.Error, OSError) as exc:
+            if write_refused(exc):
+                STORAGE.labels("refused_validation").inc()
             raise _unavailable(exc) from None
+        except UnreadableRecord as exc:  # a damaged record: answered as missing, never a 500
+            raise SigpropError(
+                "not_found", f"the stored record is unreadable ({exc})", "list validations with GET /v1/validations"
+            ) from None
 
     def prepare(self, body: bytes, client: str | None = None) -> tuple[str, dict, dict]:
         """Validate and resolve a submission: (solution key, request as stored, job payload). Solving
         happens here; nothing is created, so a solve that times out leaves no job behind. A cold
         solve counts against ``client``'s cold-solve budget like one from POST /v1/solve."""
         data, req = _parse(body)
+        if req.dataset != "synthetic":  # names and files: refused before anything is solved
+            self.policy.check(req.dataset, None)
         if req.solve is not None:
             outcome = self.solutions.solve(json.dumps(data["solve"], separators=(",", ":")).encode(), client)
             key, answer, graph = outcome.key, json.loads(outcome.body), _wire_graph(req.solve)
@@ -125,47 +182,71 @@ class Validations:
             record = self.solutions.get(req.key)  # not_found when there is no such solution
             key, answer = req.key, record["answer"]
             graph = _wire_graph(parse_solve_request(record["request"]))
+        if req.dataset == "synthetic":  # its input shape is the graph's, known once the solve checked it
+            self.policy.check(req.dataset, graph_input_shape(graph))
         request = req.model_dump(mode="json", by_alias=True, exclude_none=True)
         return key, request, {"request": request, "graph": graph, "solution": answer}
 
     def submit(self, prepared: tuple[str, dict, dict]) -> dict:
         key, request, payload = prepared
         vid = uuid.uuid4().hex
+        trimmed = getattr(self.store, "trimmed", 0)
         self._guard(self.store.create, vid, key, request, time.time(), os.getpid() if self.local else None)
+        if getattr(self.store, "trimmed", 0) > trimmed:  # retention removed old final validations
+            STORAGE.labels("evicted_validations").inc(self.store.trimmed - trimmed)
         try:
             self.queue.submit(vid, payload)
         except (redis.RedisError, OSError) as exc:
             try:
-                self.store.update(vid, {"status": "failed", "ended": time.time(),
-                                        "error": "could not be queued: the queue was unreachable"}, only_if=ACTIVE)
+                if write_refused(exc):
+                    # Redis refuses writes, so marking it failed would fail too; a delete is still
+                    # allowed, and a job the client was refused should not show as queued forever.
+                    self.store.discard(vid, key)
+                else:
+                    self.store.update(
+                        vid,
+                        {
+                            "status": "failed",
+                            "ended": time.time(),
+                            "error": "could not be queued: the queue was unreachable",
+                        },
+                        only_if=ACTIVE,
+                    )
             except (redis.RedisError, OSError):
                 pass
             raise _unavailable(exc) from None
         return {"id": vid, "status": "queued"}
 
-    def get(self, vid: str) -> dict:
+    def get(self, vid: str, full: bool = False) -> dict:
+        """The record of ``vid``; ``full`` (the caller has an API key): with its error text and
+        dataset name, else as :func:`redact` shows it."""
         rec = self._guard(self.store.get, vid)
         if rec is None:
             raise _not_found(vid)
-        if rec["status"] in ACTIVE and isinstance(self.queue, RedisQueue):
-            outcome = self._guard(self.queue.rq_outcome, vid)
-            if outcome is not None:  # RQ ended it without sigprop's worker hooks: reflect that
+        if rec["status"] in ACTIVE:
+            outcome = self._guard(self.queue.outcome, vid)
+            if outcome is not None:  # the queue ended it and no callback recorded that: reflect it
                 status, reason = outcome
                 if status == "failed":
                     self._guard(self.store.record_failure, vid, reason, False)
                 else:
                     self._guard(self.store.mark_cancelled, vid, f"stopped by its worker ({status})")
                 rec = self._guard(self.store.get, vid)
-        return rec
+        return rec if full else redact(rec)
 
-    def list(self, offset: int, limit: int) -> dict:
+    def list(self, offset: int, limit: int, full: bool = False) -> dict:
         total, items = self._guard(self.store.list, offset, limit)
-        return {"total": total, "offset": offset, "limit": limit, "items": items}
+        return {
+            "total": total,
+            "offset": offset,
+            "limit": limit,
+            "items": items if full else [redact(i) for i in items],
+        }
 
-    def list_for_key(self, key: str, limit: int = 50) -> dict:
+    def list_for_key(self, key: str, limit: int = 50, full: bool = False) -> dict:
         """The validations of one stored solution, newest first (an index by solution key)."""
         total, items = self._guard(self.store.list_for_key, key, limit)
-        return {"total": total, "key": key, "limit": limit, "items": items}
+        return {"total": total, "key": key, "limit": limit, "items": items if full else [redact(i) for i in items]}
 
     def cancel(self, vid: str) -> tuple[int, dict]:
         before = self._guard(self.store.request_cancel, vid, time.time())
@@ -173,7 +254,7 @@ class Validations:
             raise _not_found(vid)
         if before == "queued":  # cancelled now: take it off the queue too
             self._guard(self.queue.cancel, vid)
-        return (202 if before == "running" else 200), self.get(vid)
+        return (202 if before == "running" else 200), self.get(vid, full=True)
 
     def close(self) -> None:
         self.queue.close()
@@ -181,53 +262,19 @@ class Validations:
 
 
 def make_validations(settings, solutions: SolutionService) -> Validations:
+    """The validations of these settings (``close()`` them on shutdown): RQ with Redis, else the
+    embedded store and a local thread pool (failing the jobs a dead process left behind first)."""
+    policy = DatasetPolicy.from_settings(settings)
     if settings.redis_url:
         timeout = max(settings.redis_timeout_s, 2.0)
         connection = redis.Redis.from_url(settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout)
-        queue = RedisQueue(connection, settings.validation_queue, settings.validation_timeout_s, settings.validation_retries)
-        return Validations(RedisValidationStore(connection), queue, solutions, local=False)
-    store = SqliteValidationStore(Path(settings.data_dir) / "solutions.sqlite3")
+        queue = RedisQueue(
+            connection, settings.validation_queue, settings.validation_timeout_s, settings.validation_retries
+        )
+        return Validations(
+            RedisValidationStore(connection, **retention(settings)), queue, solutions, local=False, policy=policy
+        )
+    store = SqliteValidationStore(sqlite_path(settings), **retention(settings))
     store.fail_orphans()
-    runner = LocalRunner(store, settings.validation_local_workers, settings.validation_timeout_s)
-    return Validations(store, runner, solutions, local=True)
-
-
-def validations_router(settings, solutions: SolutionService, require_key, run, *, limit=None,
-                       identify=None) -> tuple[APIRouter, Validations]:
-    """The ``/v1/validations`` routes and the object behind them (``close()`` it on shutdown).
-    ``run(fn, *args)`` runs blocking work off the event loop (the app's thread pool);
-    ``identify(request)`` names the client and ``limit(identity)`` counts a submission against its
-    budget (raises rate_limited), when given."""
-    v = make_validations(settings, solutions)
-    router = APIRouter(prefix="/v1/validations", tags=["validations"])
-
-    @router.post("", status_code=202, response_model=Accepted, responses={**ERRORS, **LIMITED},
-                 dependencies=[Depends(require_key)],
-                 openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                     "schema": {"$ref": "#/components/schemas/ValidationRequest"}}}}})
-    async def submit_validation(request: Request, response: Response):
-        client = identify(request) if identify is not None else None
-        if limit is not None and limit.enabled:
-            await run(limit, client)  # the limiter may talk to Redis: off the event loop
-        prepared = await run(v.prepare, await request.body(), client)
-        out = await run(v.submit, prepared)
-        response.headers["Location"] = f"/v1/validations/{out['id']}"
-        return out
-
-    @router.get("", response_model=ValidationList, responses=ERRORS)
-    async def list_validations(offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
-                               limit: Annotated[int, Query(ge=1, le=500)] = 50):
-        return await run(v.list, offset, limit)
-
-    @router.get("/{vid}", response_model=ValidationJob, responses=ERRORS)
-    async def get_validation(vid: ValidationId):
-        return await run(v.get, vid)
-
-    @router.delete("/{vid}", response_model=ValidationJob, responses={**ERRORS, 202: {"model": ValidationJob}},
-                   dependencies=[Depends(require_key)])
-    async def cancel_validation(vid: ValidationId, response: Response):
-        status, job = await run(v.cancel, vid)
-        response.status_code = status
-        return job
-
-    return router, v
+    runner = LocalRunner(store, settings.validation_local_workers, settings.validation_timeout_s, policy)
+    return Validations(store, runner, solutions, local=True, policy=policy)

@@ -1,0 +1,189 @@
+"""Cold solves in worker processes that can be stopped.
+
+A thread cannot be killed: a solve past its timeout used to answer 503 while its thread went on
+solving, holding a CPU and a slot of the shared thread pool. ``SolverPool`` keeps up to ``size``
+worker processes (started lazily, reused between solves); each solves one request at a time. A
+solve that is still running at its deadline gets its process killed (SIGKILL: its CPU is free
+at once, whatever the engine was doing) and the caller gets 503 ``solve_timeout``; the next solve
+starts a fresh process. A request waiting for a free process counts the wait against the same
+deadline, so at most ``size`` solves use CPU at a time, per API process.
+
+The processes come from a ``forkserver`` that has imported the engine already, so a replacement
+starts in milliseconds rather than importing numpy and the engine again, and no process is forked
+from the API's threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from typing import Any
+
+from ..errors import SigpropError
+
+log = logging.getLogger("sigprop")
+_PRELOAD = ["sigprop.api.solver_preload"]
+SOLVER_NICE = 5  # CFS weight 335 against the API's 1024: the API wins, solves do not starve beside other work
+
+
+def solve_request(data: dict | bytes) -> str:
+    """The canonical answer JSON of a request body, parsed or not (runs in a worker process)."""
+    from ..engine.solve import prepare, solve_canonical
+    from ..requests import SOLVE_HINT, load_json, parse_solve_request
+
+    if isinstance(data, bytes):
+        data = load_json(data, SOLVE_HINT)
+    return solve_canonical(prepare(parse_solve_request(data))).to_json()
+
+
+def _serve(conn) -> None:
+    """A worker process: answer ``(fn, args)`` jobs until the pipe closes. It runs at a lower CPU
+    priority than the API, so cold solves take the CPU the API processes leave, never the reverse."""
+    try:
+        os.nice(SOLVER_NICE)
+    except OSError:
+        pass
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = ("ok", fn(*args))
+        except SigpropError as exc:
+            reply = ("sigprop", (exc.code, exc.message, exc.hint, exc.status, exc.headers))
+        except Exception as exc:  # noqa: BLE001 - handed back to the API process, which logs and answers 500
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+class _Worker:
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="sigprop-solver")
+        self.proc.start()
+        child.close()
+
+    def kill(self) -> None:
+        """SIGKILL and reap: the process's CPU and memory are free when this returns."""
+        self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+class SolverPool:
+    """Up to ``size`` solver processes; ``call(fn, args, timeout_s)`` runs ``fn(*args)`` in one of
+    them and kills it when it is still running after ``timeout_s`` (503 ``solve_timeout``)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(_PRELOAD)
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self.killed = 0  # solves stopped at their deadline (tests, logs)
+        self.last_killed_pid: int | None = None
+        self._closed = False
+
+    def warm(self) -> None:
+        """Start one process now (the forkserver and its engine import), not at the first cold solve."""
+        w = self._take()
+        self._give_back(w)
+
+    def call(self, fn, args: tuple, wait_s: float, timeout_s: float | None = None, what: str = "the solve") -> Any:
+        """``fn(*args)`` in a solver process, killed when it has not answered ``wait_s`` from now
+        (queueing for a free process included); ``timeout_s`` is the timeout the 503 reports."""
+        timeout_s = wait_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
+        if not self._slots.acquire(timeout=max(0.0, wait_s)):
+            raise timeout_error(timeout_s, what)
+        try:
+            started = time.monotonic()
+            w = self._take()
+            deadline += time.monotonic() - started  # starting a process is not the solve's time
+            try:
+                w.conn.send((fn, args))
+                ready = w.conn.poll(max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    self._kill(w)
+                    raise timeout_error(timeout_s, what)
+                kind, value = w.conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as exc:
+                self._kill(w)
+                raise RuntimeError(f"a solver process died ({type(exc).__name__})") from None
+            self._give_back(w)
+        finally:
+            self._slots.release()
+        if kind == "ok":
+            return value
+        if kind == "sigprop":
+            code, message, hint, status, headers = value
+            raise SigpropError(code, message, hint, status, headers)
+        raise RuntimeError(f"the solver process failed: {value}")
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            while self._idle:
+                w = self._idle.pop()
+                if w.proc.is_alive():
+                    self._busy.add(w)
+                    return w
+                w.conn.close()
+        w = _Worker(self._ctx)
+        with self._lock:
+            self._busy.add(w)
+        return w
+
+    def _give_back(self, w: _Worker) -> None:
+        with self._lock:
+            self._busy.discard(w)
+            if self._closed or len(self._idle) + len(self._busy) >= self.size:
+                w.kill()
+            else:
+                self._idle.append(w)
+
+    def _kill(self, w: _Worker) -> None:
+        pid = w.proc.pid
+        w.kill()
+        with self._lock:
+            self._busy.discard(w)
+            self.killed += 1
+            self.last_killed_pid = pid
+        log.warning("solver process stopped", extra={"fields": {"pid": pid, "reason": "deadline"}})
+        # a replacement now, in the background, so the next solve does not wait for it
+        threading.Thread(target=self._replace, name="sigprop-solver-start", daemon=True).start()
+
+    def _replace(self) -> None:
+        with self._lock:
+            if self._closed or len(self._idle) + len(self._busy) >= self.size:
+                return
+        try:
+            self._give_back(_Worker(self._ctx))
+        except OSError as exc:  # the next solve starts one itself
+            log.warning("could not start a solver process: %s", exc)
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in [*self._idle, *self._busy] if w.proc.pid is not None]
+
+    def shutdown(self) -> None:
+        """Kill every process (solves still running answer 500 to callers still waiting)."""
+        with self._lock:
+            self._closed = True
+            workers = [*self._idle, *self._busy]
+            self._idle.clear()
+        for w in workers:
+            w.kill()
+
+
+def timeout_error(timeout_s: float, what: str = "the solve") -> SigpropError:
+    return SigpropError(
+        "solve_timeout",
+        f"{what} took longer than {timeout_s:g} s",
+        "the solve was stopped: try a smaller graph, or raise SIGPROP_SOLVE_TIMEOUT_S on your own deployment",
+    )

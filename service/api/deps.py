@@ -1,0 +1,131 @@
+"""Dependencies the routers share: the services behind them, the API-key checks, the client's
+identity for rate limits, and the thread pool that keeps blocking work off the event loop.
+
+Everything lives on ``app.state``, put there by ``create_app``; a route asks for what it needs
+with the ``Annotated`` aliases below (FastAPI's "Bigger Applications" layout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from .auth import client_identity, open_access
+from .coldpool import timeout_error
+from .solutions import SolutionService, SolveOutcome
+from .validations import Validations
+
+__all__ = [
+    "Client",
+    "Offload",
+    "Run",
+    "Solutions",
+    "ValidationsService",
+    "client_id",
+    "count_validation",
+    "open_access",
+    "read_access",
+    "require_key",
+]
+
+
+class Offload:
+    """Blocking work (store calls, parsing) in a thread pool of its own, so it cannot block the
+    event loop; awaited with the solve timeout (503 ``solve_timeout`` past it).
+
+    Cold solves wait in a second pool (``solve``): their threads only wait on a solver process
+    (``coldpool.SolverPool``), so however many cold solves are in flight, cache hits, stored
+    solutions and the probes always find a free thread."""
+
+    def __init__(self, timeout_s: float, workers: int = 8, cold_workers: int = 32):
+        self.timeout_s = timeout_s
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sigprop-io")
+        self.cold = ThreadPoolExecutor(max_workers=cold_workers, thread_name_prefix="sigprop-cold")
+
+    async def __call__(self, fn: Callable, *args) -> Any:
+        return await self._timed(self.timeout_s, self.pool, fn, *args)
+
+    async def solve(self, service: SolutionService, body: bytes, client: str | None) -> SolveOutcome:
+        """``service.begin`` (a cache hit answers here) then ``service.finish`` in the cold pool,
+        both within one solve timeout; the solver process itself is killed at the deadline."""
+        deadline = time.monotonic() + self.timeout_s
+        # a large body seen for the first time is prepared in a solver process: wait for it among
+        # the cold solves, not in the threads cache hits need
+        pool = self.cold if service.prepares_in_process(body) else self.pool
+        step = await self._timed(self.timeout_s, pool, service.begin, body, client)
+        if isinstance(step, SolveOutcome):
+            return step
+        # the solver pool answers solve_timeout at the deadline; the margin covers storing the answer
+        left = deadline - time.monotonic()
+        return await self._timed(
+            left + (1.0 if service.solver is not None else 0.0), self.cold, service.finish, step, deadline
+        )
+
+    async def _timed(self, timeout_s: float, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
+        try:
+            return await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(pool, fn, *args), timeout=max(timeout_s, 0.001)
+            )
+        except asyncio.TimeoutError:
+            raise timeout_error(self.timeout_s) from None
+
+    async def untimed(self, fn: Callable, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def shutdown(self) -> None:
+        """Wait for the work in flight (in-flight solves finish before the process exits)."""
+        self.pool.shutdown(wait=True)
+        self.cold.shutdown(wait=True)
+
+
+# -- access ----------------------------------------------------------------------------------------
+
+
+async def require_key(request: Request) -> None:  # async: runs inline, not in a thread pool
+    """401 without an API key, 403 with a wrong one (``auth.KeyChecker``)."""
+    await request.app.state.keys(request)
+
+
+def read_access(keys_for_reads: bool) -> Callable:
+    """The dependency guarding the solve and every read: :func:`require_key` itself with
+    ``SIGPROP_KEYS_FOR_READS`` (FastAPI runs a dependency once per request, so a route that needs
+    the key anyway checks it once), else open access."""
+    return require_key if keys_for_reads else open_access
+
+
+def client_id(request: Request) -> str:
+    """Who a rate limit counts this request against (``auth.client_identity``)."""
+    return client_identity(request, request.app.state.keys)
+
+
+# -- services --------------------------------------------------------------------------------------
+
+
+def _solutions(request: Request) -> SolutionService:
+    return request.app.state.solutions
+
+
+def _validations(request: Request) -> Validations:
+    return request.app.state.validations
+
+
+def _offload(request: Request) -> Offload:
+    return request.app.state.offload
+
+
+Solutions = Annotated[SolutionService, Depends(_solutions)]
+ValidationsService = Annotated[Validations, Depends(_validations)]
+Run = Annotated[Offload, Depends(_offload)]
+Client = Annotated[str, Depends(client_id)]
+
+
+async def count_validation(request: Request, run: Run, client: Client) -> None:
+    """Count a validation submission against the client's budget (429 ``rate_limited`` over it)."""
+    limit = request.app.state.limits.validations
+    if limit.enabled:
+        await run(limit, client)  # the limiter may talk to Redis: off the event loop

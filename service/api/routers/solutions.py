@@ -1,0 +1,39 @@
+"""``/v1/solutions``: the stored solutions, newest first; one with its request; deleting one (key
+required)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+
+from ..deps import Run, Solutions, require_key
+from ..openapi import ERRORS
+
+router = APIRouter(prefix="/v1/solutions")
+SolutionKey = Annotated[str, Path(max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+@router.get("", responses=ERRORS)
+async def list_solutions(
+    service: Solutions,
+    run: Run,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    method: Annotated[str | None, Query(max_length=32, pattern=r"^[A-Za-z0-9_]+$")] = None,
+    activation: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Za-z0-9_]+$")] = None,
+):
+    return await run(service.list, offset, limit, method, activation)
+
+
+@router.get("/{key}", responses=ERRORS)
+async def get_solution(key: SolutionKey, service: Solutions, run: Run):
+    # serialized in the thread too: a large stored answer never occupies the event loop
+    text = await run(lambda: json.dumps(service.get(key), separators=(",", ":"), ensure_ascii=False))
+    return Response(text, media_type="application/json")
+
+
+@router.delete("/{key}", responses=ERRORS, dependencies=[Depends(require_key)])
+async def delete_solution(key: SolutionKey, service: Solutions, run: Run):
+    return await run(service.delete, key)

@@ -1,0 +1,48 @@
+"""``/v1/templates``: the graph templates and their parameters; one template expanded."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from ...engine.templates import TEMPLATE_NAMES, describe_templates, expand_template
+from ...errors import SigpropError
+from ...requests import invalid_request
+from ...schemas.graph import Template
+from ..deps import Run, Solutions
+from ..openapi import ERRORS
+
+router = APIRouter(prefix="/v1/templates")
+
+
+@router.get("")
+async def templates():
+    return describe_templates()
+
+
+@router.get("/{name}", responses=ERRORS)
+async def template(name: str, request: Request, service: Solutions, run: Run):
+    if name not in TEMPLATE_NAMES:
+        raise SigpropError("not_found", f"no template named '{name}'", f"templates: {', '.join(TEMPLATE_NAMES)}")
+    params: dict = {"template": name}
+    for k, v in request.query_params.items():
+        if k == "input_shape":
+            try:
+                v = json.loads(v)
+            except (ValueError, RecursionError):
+                raise SigpropError(
+                    "invalid_request",
+                    f"input_shape={v[:100]!r} is not a JSON list",
+                    "write it as input_shape=[3,32,32]",
+                ) from None
+        params[k] = v
+    try:
+        t = Template.model_validate(params)
+    except ValidationError as exc:
+        raise invalid_request(exc, f"see GET /v1/templates for the parameters of '{name}'", default="query") from None
+    service.check_size(t)  # from the parameters, before building anything (graph_too_large, SIGPROP_MAX_SOLVE_COST)
+    # bounded by the checks above, and built in a thread: never on the event loop
+    text = await run(lambda: expand_template(t).model_dump_json(by_alias=True))
+    return Response(text, media_type="application/json")
