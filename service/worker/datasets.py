@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -38,9 +38,11 @@ SYNTHETIC_TEST = 1024
 SYNTHETIC_CLASSES = 10
 _SYNTHETIC_HIDDEN = 256
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-_NPZ_HINT = ("an .npz dataset holds four arrays: x_train [N, ...features], y_train [N] integer labels, "
-             "x_test [M, ...features] (same feature shape), y_test [M]; write it with "
-             "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)")
+_NPZ_HINT = (
+    "an .npz dataset holds four arrays: x_train [N, ...features], y_train [N] integer labels, "
+    "x_test [M, ...features] (same feature shape), y_test [M]; write it with "
+    "numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
+)
 
 
 def _bad(message: str, hint: str = "") -> SigpropError:
@@ -59,24 +61,35 @@ class Dataset:
     n_classes: int
     input_shape: tuple[int, ...]
 
-    def reshape_to(self, shape: Sequence[int]) -> "Dataset":
+    def reshape_to(self, shape: Sequence[int]) -> Dataset:
         """The same examples with each input reshaped to ``shape`` (e.g. ``[64]`` -> ``[1, 8, 8]``)."""
         shape = tuple(int(s) for s in shape)
         if shape == self.input_shape:
             return self
         if not shape or any(s < 1 for s in shape) or math.prod(shape) != math.prod(self.input_shape):
-            raise _bad(f"dataset '{self.name}' has inputs of shape {list(self.input_shape)} "
-                       f"({math.prod(self.input_shape)} values) that cannot be reshaped to the graph's input "
-                       f"shape {list(shape)} ({math.prod(shape) if shape else 0} values)",
-                       f"give the graph's input node a shape with {math.prod(self.input_shape)} values, "
-                       f"e.g. {list(self.input_shape)}" + (" or [1, 8, 8]" if self.name == "digits" else ""))
-        return replace(self, x_train=self.x_train.reshape((-1,) + shape),
-                       x_test=self.x_test.reshape((-1,) + shape), input_shape=shape)
+            raise _bad(
+                f"dataset '{self.name}' has inputs of shape {list(self.input_shape)} "
+                f"({math.prod(self.input_shape)} values) that cannot be reshaped to the graph's input "
+                f"shape {list(shape)} ({math.prod(shape) if shape else 0} values)",
+                f"give the graph's input node a shape with {math.prod(self.input_shape)} values, "
+                f"e.g. {list(self.input_shape)}" + (" or [1, 8, 8]" if self.name == "digits" else ""),
+            )
+        return replace(
+            self,
+            x_train=self.x_train.reshape((-1,) + shape),
+            x_test=self.x_test.reshape((-1,) + shape),
+            input_shape=shape,
+        )
 
     def describe(self) -> dict:
         """JSON-ready facts about the dataset, for validation results."""
-        return {"name": self.name, "n_train": int(len(self.y_train)), "n_test": int(len(self.y_test)),
-                "n_classes": int(self.n_classes), "input_shape": list(self.input_shape)}
+        return {
+            "name": self.name,
+            "n_train": int(len(self.y_train)),
+            "n_test": int(len(self.y_test)),
+            "n_classes": int(self.n_classes),
+            "input_shape": list(self.input_shape),
+        }
 
 
 def load_dataset(name: str, seed: int, input_shape: Sequence[int] | None = None) -> Dataset:
@@ -95,9 +108,11 @@ def load_dataset(name: str, seed: int, input_shape: Sequence[int] | None = None)
     elif name.lower().endswith(".npz"):
         ds = _npz(name)
     else:
-        raise _bad(f"unknown dataset {name!r}",
-                   "use 'digits' (scikit-learn's bundled digits), 'synthetic' (teacher-student) or the path "
-                   "of an .npz file on the worker")
+        raise _bad(
+            f"unknown dataset {name!r}",
+            "use 'digits' (scikit-learn's bundled digits), 'synthetic' (teacher-student) or the path "
+            "of an .npz file on the worker",
+        )
     return ds.reshape_to(input_shape) if input_shape is not None else ds
 
 
@@ -111,8 +126,10 @@ def _digits(seed: int) -> Dataset:
     try:
         from sklearn.datasets import load_digits
     except ImportError:  # pragma: no cover - the worker extra installs scikit-learn
-        raise _bad("the 'digits' dataset needs scikit-learn, which is not installed on the worker",
-                   "install the worker extra (pip install 'sigprop[worker]') or use 'synthetic' or an .npz file") from None
+        raise _bad(
+            "the 'digits' dataset needs scikit-learn, which is not installed on the worker",
+            "install the worker extra (pip install 'sigprop[worker]') or use 'synthetic' or an .npz file",
+        ) from None
     data = load_digits()
     x = np.asarray(data.data, dtype=np.float64)
     y = np.asarray(data.target, dtype=np.int64)
@@ -130,7 +147,9 @@ def _synthetic(seed: int, shape: tuple[int, ...]) -> Dataset:
         raise _bad(f"synthetic inputs need a positive shape, got {list(shape)}", "give the graph's input node a shape")
     d = math.prod(shape)
     if d > 1_000_000:
-        raise _bad(f"synthetic inputs of shape {list(shape)} have {d} values", "use an input shape with at most 1e6 values")
+        raise _bad(
+            f"synthetic inputs of shape {list(shape)} have {d} values", "use an input shape with at most 1e6 values"
+        )
     rng = np.random.default_rng(seed)
     # teacher: logits = W2 tanh(W1 x / sqrt(d)) with unit-variance Gaussian weights
     w1 = rng.standard_normal((d, _SYNTHETIC_HIDDEN)) / math.sqrt(d)
@@ -143,8 +162,15 @@ def _synthetic(seed: int, shape: tuple[int, ...]) -> Dataset:
     logits -= logits.mean(axis=0, keepdims=True)
     y = np.argmax(logits, axis=1).astype(np.int64)
     x = x.astype(np.float32).reshape((n,) + shape)
-    return Dataset("synthetic", x[:SYNTHETIC_TRAIN], y[:SYNTHETIC_TRAIN], x[SYNTHETIC_TRAIN:], y[SYNTHETIC_TRAIN:],
-                   SYNTHETIC_CLASSES, shape)
+    return Dataset(
+        "synthetic",
+        x[:SYNTHETIC_TRAIN],
+        y[:SYNTHETIC_TRAIN],
+        x[SYNTHETIC_TRAIN:],
+        y[SYNTHETIC_TRAIN:],
+        SYNTHETIC_CLASSES,
+        shape,
+    )
 
 
 def _labels(name: str, y: np.ndarray, path: str) -> np.ndarray:
@@ -161,20 +187,23 @@ def _labels(name: str, y: np.ndarray, path: str) -> np.ndarray:
 
 def _npz(path: str) -> Dataset:
     if not os.path.isfile(path):
-        raise _bad(f"dataset file {path!r} does not exist on the worker",
-                   "give the path of an .npz file the worker can read, or use 'digits' or 'synthetic'")
+        raise _bad(
+            f"dataset file {path!r} does not exist on the worker",
+            "give the path of an .npz file the worker can read, or use 'digits' or 'synthetic'",
+        )
     try:
         with np.load(path, allow_pickle=False) as f:
             keys = set(f.files)
             missing = [k for k in _NPZ_KEYS if k not in keys]
             if missing:
-                raise _bad(f"dataset file {path!r} lacks array(s) {', '.join(missing)} "
-                           f"(it has {', '.join(sorted(keys)) or 'none'})", _NPZ_HINT)
+                raise _bad(f"dataset file {path!r} lacks array(s) {', '.join(missing)}", _NPZ_HINT)
             arrays = {k: np.asarray(f[k]) for k in _NPZ_KEYS}
     except SigpropError:
         raise
-    except Exception as exc:  # not a zip, a pickled object array, a truncated file, ...
-        raise _bad(f"dataset file {path!r} is not a readable .npz file ({type(exc).__name__}: {exc})", _NPZ_HINT) from None
+    except Exception as exc:  # noqa: BLE001 - not a zip, a pickled object array, a truncated file, ...
+        raise _bad(
+            f"dataset file {path!r} is not a readable .npz file ({type(exc).__name__}: {exc})", _NPZ_HINT
+        ) from None
     x_tr, x_te = arrays["x_train"], arrays["x_test"]
     for key, x in (("x_train", x_tr), ("x_test", x_te)):
         if x.ndim < 2:
@@ -190,8 +219,10 @@ def _npz(path: str) -> Dataset:
     if len(y_tr) == 0 or len(y_te) == 0:
         raise _bad(f"dataset file {path!r} has an empty {'training' if len(y_tr) == 0 else 'test'} split", _NPZ_HINT)
     if x_tr.shape[1:] != x_te.shape[1:]:
-        raise _bad(f"x_train in {path} has examples of shape {list(x_tr.shape[1:])} but x_test "
-                   f"{list(x_te.shape[1:])}", "training and test inputs need the same shape")
+        raise _bad(
+            f"x_train in {path} has examples of shape {list(x_tr.shape[1:])} but x_test {list(x_te.shape[1:])}",
+            "training and test inputs need the same shape",
+        )
     x_tr = x_tr.astype(np.float32)
     x_te = x_te.astype(np.float32)
     if not (np.all(np.isfinite(x_tr)) and np.all(np.isfinite(x_te))):

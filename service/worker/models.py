@@ -45,32 +45,27 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..client.torch import ApplyReport, NormalizedSum, TransformedActivation, apply, graph_from_module
+from ..client.torch import ApplyReport, NormalizedSum, TransformedActivation, apply, graph_from_module, native_module
 from ..engine.graph import AFFINE, NetworkGraph, build_graph
 from ..errors import SigpropError
+from ..schemas.activations import PIECEWISE_LINEAR_ACTIVATIONS, SPARSE_ACTIVATIONS
 from ..schemas.graph import Graph
 from ..schemas.solve import Solution
 
-__all__ = ["GraphModel", "build_model", "activation_module", "he_init", "build_solved", "Built",
-           "structure_digest", "RELU_FAMILY", "SPARSE_ACTIVATIONS"]
+__all__ = [
+    "GraphModel",
+    "build_model",
+    "activation_module",
+    "he_init",
+    "build_solved",
+    "Built",
+    "structure_digest",
+    "RELU_FAMILY",
+    "SPARSE_ACTIVATIONS",
+]
 
-RELU_FAMILY = ("relu", "leaky_relu", "relu_tau", "crelu", "soft_threshold", "cst")
-SPARSE_ACTIVATIONS = ("relu_tau", "soft_threshold", "crelu", "cst")
-
-_ALIASES = {"silu": "swish"}
-_TORCH_ACTIVATIONS = {
-    "relu": lambda: nn.ReLU(),
-    "leaky_relu": lambda: nn.LeakyReLU(0.01),
-    "tanh": lambda: nn.Tanh(),
-    "softplus": lambda: nn.Softplus(),
-    "gelu": lambda: nn.GELU(),
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "swish": lambda: nn.SiLU(),
-    "elu": lambda: nn.ELU(),
-    "selu": lambda: nn.SELU(),
-    "sigmoid": lambda: nn.Sigmoid(),
-    "softsign": lambda: nn.Softsign(),
-}
+# the activations whose dead units (never on the active side) a validation counts
+RELU_FAMILY = PIECEWISE_LINEAR_ACTIVATIONS
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_]+$")
 # names torch.fx gives the nodes GraphModel.forward creates outside modules (the input placeholder,
@@ -81,11 +76,10 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
 def activation_module(fn: str) -> nn.Module:
-    """A module computing the activation ``fn`` (the engine's names; 'silu' = 'swish')."""
-    name = _ALIASES.get(fn, fn)
-    if name in _TORCH_ACTIVATIONS:
-        return _TORCH_ACTIVATIONS[name]()
-    return TransformedActivation(name)  # raises unsupported_activation for an unknown name
+    """A module computing the activation ``fn`` (the catalogue's names; 'silu' = 'swish'): PyTorch's
+    own where it has one, else sigprop's ``TransformedActivation``, with the catalogue's defaults."""
+    native = native_module(fn)  # raises unsupported_activation for an unknown name
+    return native if native is not None else TransformedActivation(fn)
 
 
 class _Container(nn.Module):
@@ -101,6 +95,93 @@ def _reserved(seg: str, top: bool) -> bool:
     return hasattr(torch.fx.GraphModule, seg) or seg in ("meta", "training", "graph", "code")
 
 
+def _input_shape(graph: NetworkGraph) -> tuple[int, ...]:
+    """The shape of the graph's one input node (a validation network takes one)."""
+    inputs = [nd for nd in graph.nodes if nd.op == "input"]
+    if len(inputs) != 1:
+        raise SigpropError(
+            "unsupported_op",
+            f"the graph has {len(inputs)} input nodes",
+            "a validation network takes one input: merge the inputs into one node",
+        )
+    return tuple(int(s) for s in inputs[0].shape)
+
+
+def _check_output(graph: NetworkGraph, n_classes: int) -> None:
+    """The graph's output must be a vector of one logit per class of the dataset."""
+    out_shape = graph.nodes[graph.output].shape
+    if len(out_shape) != 1 or out_shape[0] != n_classes:
+        last = next((nd for nd in reversed(graph.nodes[: graph.output + 1]) if nd.kind == AFFINE), None)
+        what = (
+            f"its last weighted layer '{last.user_id}' has {last.shape[0]} "
+            f"{'units' if last.op == 'dense' else 'channels'}"
+            if last is not None
+            else "it has no weighted layer"
+        )
+        raise SigpropError(
+            "invalid_request",
+            f"the graph's output has shape {list(out_shape)} ({what}) but the dataset has {n_classes} classes",
+            f"end the graph with a dense layer of {n_classes} units: set the template's 'classes' to "
+            f"{n_classes}, or the last dense layer's 'units' to {n_classes}",
+        )
+
+
+def _node_module(
+    model: GraphModel, graph: NetworkGraph, nd, activation: str | None, residual: str
+) -> tuple[str, nn.Module | None]:
+    """(how the forward pass runs the node, its module or None), noting weighted, activation and
+    sum nodes in ``model``."""
+    ins = tuple(nd.inputs)
+    in_shape = graph.nodes[ins[0]].shape if ins else None
+    mod: nn.Module | None = None
+    kind = "module"
+    if nd.op == "input":
+        kind = "input"
+    elif nd.op == "dense":
+        mod = nn.Linear(int(in_shape[0]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
+        model.weighted.append(nd.user_id)
+    elif nd.op == "conv":
+        mod = nn.Conv2d(
+            int(in_shape[0]),
+            int(nd.attrs["channels"]),
+            kernel_size=tuple(nd.attrs["kernel"]),
+            stride=tuple(nd.attrs["stride"]),
+            padding=_torch_padding(nd.user_id, nd.attrs, in_shape),
+            bias=bool(nd.attrs["bias"]),
+        )
+        model.weighted.append(nd.user_id)
+    elif nd.op == "activation":
+        mod = activation_module(activation or nd.attrs["fn"])
+        model.activations.append(nd.user_id)
+    elif nd.op == "sum":
+        weights = [1.0] * len(ins) if residual == "plain" else list(nd.attrs["weights"])
+        mod = NormalizedSum(len(ins), weights)
+        kind = "sum"
+        model.sums.append(nd.user_id)
+    elif nd.op == "concat":
+        kind = "concat"
+    elif nd.op in ("avg_pool", "max_pool"):
+        cls = nn.AvgPool2d if nd.op == "avg_pool" else nn.MaxPool2d
+        mod = cls(
+            kernel_size=tuple(nd.attrs["kernel"]),
+            stride=tuple(nd.attrs["stride"]),
+            padding=nd.attrs.get("padding", 0),
+        )
+    elif nd.op == "global_avg_pool":
+        kind = "global_avg_pool"
+    elif nd.op == "flatten":
+        kind = "flatten"
+    elif nd.op == "dropout":
+        mod = nn.Dropout(float(nd.attrs["rate"]))
+    elif nd.op == "identity":
+        mod = nn.Identity()
+    elif nd.op == "output":
+        kind = "pass"
+    else:  # pragma: no cover - build_graph admits no other op
+        raise SigpropError("unsupported_op", f"node '{nd.user_id}' has op {nd.op!r}", "")
+    return kind, mod
+
+
 class GraphModel(nn.Module):
     """A contract graph as a ``torch.nn.Module`` (see the module docstring).
 
@@ -109,8 +190,7 @@ class GraphModel(nn.Module):
     ``input_shape`` (the graph's input shape) and ``n_classes``.
     """
 
-    def __init__(self, graph: NetworkGraph, n_classes: int, *, activation: str | None = None,
-                 residual: str = "graph"):
+    def __init__(self, graph: NetworkGraph, n_classes: int, *, activation: str | None = None, residual: str = "graph"):
         super().__init__()
         if residual not in ("graph", "plain"):
             raise ValueError(f"residual must be 'graph' or 'plain', not {residual!r}")
@@ -122,71 +202,24 @@ class GraphModel(nn.Module):
         self.n_classes = int(n_classes)
         self._plan: list[tuple[int, str, Any, tuple[int, ...]]] = []
 
-        inputs = [nd for nd in graph.nodes if nd.op == "input"]
-        if len(inputs) != 1:
-            raise SigpropError("unsupported_op", f"the graph has {len(inputs)} input nodes",
-                               "a validation network takes one input: merge the inputs into one node")
-        self.input_shape = tuple(int(s) for s in inputs[0].shape)
-        out_shape = graph.nodes[graph.output].shape
-        if len(out_shape) != 1 or out_shape[0] != self.n_classes:
-            last = next((nd for nd in reversed(graph.nodes[: graph.output + 1]) if nd.kind == AFFINE), None)
-            what = (f"its last weighted layer '{last.user_id}' has {last.shape[0]} "
-                    f"{'units' if last.op == 'dense' else 'channels'}" if last is not None else "it has no weighted layer")
-            raise SigpropError(
-                "invalid_request",
-                f"the graph's output has shape {list(out_shape)} ({what}) but the dataset has {self.n_classes} classes",
-                f"end the graph with a dense layer of {self.n_classes} units: set the template's 'classes' to "
-                f"{self.n_classes}, or the last dense layer's 'units' to {self.n_classes}")
+        self.input_shape = _input_shape(graph)
+        _check_output(graph, self.n_classes)
         self._output = graph.output
 
         for nd in graph.nodes:
             ins = tuple(nd.inputs)
-            in_shape = graph.nodes[ins[0]].shape if ins else None
-            mod: nn.Module | None = None
-            kind = "module"
-            if nd.op == "input":
-                kind = "input"
-            elif nd.op == "dense":
-                mod = nn.Linear(int(in_shape[0]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
-                self.weighted.append(nd.user_id)
-            elif nd.op == "conv":
-                mod = nn.Conv2d(int(in_shape[0]), int(nd.attrs["channels"]), kernel_size=tuple(nd.attrs["kernel"]),
-                                stride=tuple(nd.attrs["stride"]),
-                                padding=_torch_padding(nd.user_id, nd.attrs, in_shape), bias=bool(nd.attrs["bias"]))
-                self.weighted.append(nd.user_id)
-            elif nd.op == "activation":
-                mod = activation_module(activation or nd.attrs["fn"])
-                self.activations.append(nd.user_id)
-            elif nd.op == "sum":
-                weights = [1.0] * len(ins) if residual == "plain" else list(nd.attrs["weights"])
-                mod = NormalizedSum(len(ins), weights)
-                kind = "sum"
-                self.sums.append(nd.user_id)
-            elif nd.op == "concat":
-                kind = "concat"
-            elif nd.op in ("avg_pool", "max_pool"):
-                cls = nn.AvgPool2d if nd.op == "avg_pool" else nn.MaxPool2d
-                mod = cls(kernel_size=tuple(nd.attrs["kernel"]), stride=tuple(nd.attrs["stride"]))
-            elif nd.op == "global_avg_pool":
-                kind = "global_avg_pool"
-            elif nd.op == "flatten":
-                kind = "flatten"
-            elif nd.op == "dropout":
-                mod = nn.Dropout(float(nd.attrs["rate"]))
-            elif nd.op == "identity":
-                mod = nn.Identity()
-            elif nd.op == "output":
-                kind = "pass"
-            else:  # pragma: no cover - build_graph admits no other op
-                raise SigpropError("unsupported_op", f"node '{nd.user_id}' has op {nd.op!r}", "")
+            kind, mod = _node_module(self, graph, nd, activation, residual)
             if mod is not None:
                 self.paths[nd.user_id] = self._place(nd.index, nd.user_id, mod)
             self._plan.append((nd.index, kind, mod, ins))
 
     def _place(self, index: int, uid: str, mod: nn.Module) -> str:
         segs = uid.split(".")
-        ok = all(_SEGMENT.match(s) for s in segs) and not _reserved(segs[0], top=True) \
+        ok = (
+            all(_SEGMENT.match(s) for s in segs)
+            and not _reserved(segs[0], top=True)
             and not any(_reserved(s, top=False) for s in segs[1:])
+        )
         if ok:
             parent: nn.Module = self
             for s in segs[:-1]:
@@ -242,7 +275,7 @@ def _torch_padding(nid: str, attrs: dict, in_shape) -> Any:
     if list(stride) == [1, 1]:
         return "same"
     pads = []
-    for k, s, n in zip(kernel, stride, in_shape[1:]):
+    for k, s, n in zip(kernel, stride, in_shape[1:], strict=False):
         out = math.ceil(n / s)
         total = max((out - 1) * s + k - n, 0)
         for p in (total // 2, (total + 1) // 2):
@@ -250,14 +283,18 @@ def _torch_padding(nid: str, attrs: dict, in_shape) -> Any:
                 pads.append(p)
                 break
         else:
-            raise SigpropError("unsupported_op", f"conv node '{nid}' (kernel {kernel}, stride {stride}, padding 'same') "
-                               f"needs asymmetric padding on a {list(in_shape[1:])} map, which nn.Conv2d cannot do",
-                               "use an odd kernel, stride 1, or an integer padding")
+            raise SigpropError(
+                "unsupported_op",
+                f"conv node '{nid}' (kernel {kernel}, stride {stride}, padding 'same') "
+                f"needs asymmetric padding on a {list(in_shape[1:])} map, which nn.Conv2d cannot do",
+                "use an odd kernel, stride 1, or an integer padding",
+            )
     return tuple(pads)
 
 
-def build_model(graph: NetworkGraph, n_classes: int, *, activation: str | None = None,
-                residual: str = "graph") -> GraphModel:
+def build_model(
+    graph: NetworkGraph, n_classes: int, *, activation: str | None = None, residual: str = "graph"
+) -> GraphModel:
     """A ``GraphModel`` executing ``graph``; its output must have ``n_classes`` units.
 
     ``activation`` replaces every node's ``fn`` (the He baseline uses 'relu'); ``residual='plain'``
@@ -278,6 +315,7 @@ def he_init(model: GraphModel) -> None:
 
 
 # -- the graph a model extracts to, compared with the graph it was built from ---------------------
+
 
 def structure_digest(graph: NetworkGraph) -> str:
     """A digest of the graph's structure that is independent of node ids, of the order of sum
@@ -302,7 +340,7 @@ def structure_digest(graph: NetworkGraph) -> str:
         elif op == "input":
             attrs = {"shape": shape(nd.shape)}
         elif op == "sum":
-            ins = sorted(zip(ins, (round(float(w), 9) for w in attrs.pop("weights"))))
+            ins = sorted(zip(ins, (round(float(w), 9) for w in attrs.pop("weights")), strict=False))
         payload = json.dumps([op, attrs, shape(nd.shape), ins], sort_keys=True, default=str)
         h.append(hashlib.sha256(payload.encode()).hexdigest())
     return h[graph.output]
@@ -342,8 +380,9 @@ def _translate(solution: Solution, graph: NetworkGraph, paths: dict[str, str]) -
     return sol, notes
 
 
-def build_solved(graph: NetworkGraph, solution: Solution, n_classes: int, example_input: torch.Tensor, *,
-                 seed: int | None = None) -> Built:
+def build_solved(
+    graph: NetworkGraph, solution: Solution, n_classes: int, example_input: torch.Tensor, *, seed: int | None = None
+) -> Built:
     """``solution`` applied to the graph's network the way a user does it.
 
     Builds the ``GraphModel`` (activations from the graph), extracts its graph with
@@ -354,14 +393,18 @@ def build_solved(graph: NetworkGraph, solution: Solution, n_classes: int, exampl
     extracted = graph_from_module(base, example_input)
     ext_net = build_graph(Graph.model_validate(extracted), default_activation=solution.activation)
     if structure_digest(ext_net) != structure_digest(graph):
-        raise RuntimeError("the graph extracted from the validation model differs from the validated graph "
-                           f"({ext_net.n} vs {graph.n} nodes); this is a bug in sigprop.worker.models")
+        raise RuntimeError(
+            "the graph extracted from the validation model differs from the validated graph "
+            f"({ext_net.n} vs {graph.n} nodes); this is a bug in sigprop.worker.models"
+        )
     sol, notes = _translate(solution, graph, base.paths)
     report = apply(base, sol, graph=extracted, example_input=example_input, seed=seed)
     if report.missing_layers:
-        raise SigpropError("invalid_request",
-                           f"the answer's layer(s) {', '.join(report.missing_layers[:5])} do not match the graph's "
-                           "weighted layers", "validate an answer solved for this graph: "
-                           + "; ".join(report.warnings[:3]))
-    return Built(report.model, dict(base.paths), list(base.weighted), list(base.activations), report, extracted, sol,
-                 notes)
+        raise SigpropError(
+            "invalid_request",
+            f"the answer's layer(s) {', '.join(report.missing_layers[:5])} do not match the graph's weighted layers",
+            "validate an answer solved for this graph: " + "; ".join(report.warnings[:3]),
+        )
+    return Built(
+        report.model, dict(base.paths), list(base.weighted), list(base.activations), report, extracted, sol, notes
+    )

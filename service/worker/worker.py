@@ -7,7 +7,8 @@ timeout from outside, and can kill the horse (a cancel the job does not honour).
 runs the job in the process that should heartbeat, so its heartbeat TTL has to cover the whole
 job timeout (an hour) before a lost job is noticed.
 
-What this subclass changes in RQ 3.0:
+What this subclass changes in RQ 3.0 (the outcomes of attempts are recorded by the callbacks each
+job carries, see ``queue.py``):
 
 * ``get_heartbeat_ttl``: RQ gives a running job ``min(job_monitoring_interval, time left) + 60``
   seconds; here it is ``job_monitoring_interval + HEARTBEAT_SLACK_S``. A job whose worker stopped
@@ -19,12 +20,11 @@ What this subclass changes in RQ 3.0:
 * the work horse dies with its worker (Linux ``PR_SET_PDEATHSIG``): RQ puts the horse in its own
   process group, so a worker killed with SIGKILL (or its whole group) would otherwise leave an
   orphan horse training on while another worker retries the same job.
-* failure hooks write the job's sigprop state: an attempt that raised, a horse that died, a job
-  abandoned by a dead worker -> ``queued`` again ("attempt n failed: ...; retrying") or, once the
-  retries are spent, ``failed`` with the reason; a stopped job -> ``cancelled``.
+* a horse that died without raising (a signal, the out-of-memory killer) is recorded through RQ's
+  ``work_horse_killed_handler``: ``queued`` again while RQ retries it, else ``failed``.
 * a cancel the job does not acknowledge within ``SIGPROP_VALIDATION_CANCEL_GRACE_S`` is enforced
-  by the worker itself through RQ's stop-job path (what ``rq.command.send_stop_job_command``
-  triggers): the horse is killed and the job ends ``cancelled``.
+  by the worker itself with ``rq.command.send_stop_job_command``, the reason noted in
+  ``job.meta``: RQ kills the horse and the job's ``on_stopped`` callback ends it ``cancelled``.
 """
 
 from __future__ import annotations
@@ -34,14 +34,18 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 
+import redis
 from rq import Worker
-from rq.exceptions import AbandonedJobError
-from rq.serializers import JSONSerializer
+from rq.command import send_stop_job_command
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 
-from .queue import QUEUE_NAME, RedisValidationStore, reason_from_traceback
+from ..storage import RedisValidationStore
+from .queue import QUEUE_NAME, SERIALIZER, STOP_REASON, cancel_time
+from .trust import SigpropJob, refusal
 
 log = logging.getLogger("sigprop")
 
@@ -64,16 +68,17 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 class SigpropWorker(Worker):
-    """RQ's forking worker with fast recovery of abandoned jobs and sigprop's job-state hooks."""
+    """RQ's forking worker with fast recovery of abandoned jobs and sigprop's cancel grace."""
 
     def __init__(self, *args, cancel_grace_s: float = 30.0, **kwargs):
-        kwargs.setdefault("serializer", JSONSerializer)
+        kwargs.setdefault("serializer", SERIALIZER)
+        kwargs.setdefault("work_horse_killed_handler", self._horse_killed)
+        kwargs.setdefault("job_class", SigpropJob)
         super().__init__(*args, **kwargs)
         self.cancel_grace_s = cancel_grace_s
         self.store = RedisValidationStore(self.connection)
         self._worker_pid = os.getpid()
         self.stop_requested = False  # SIGTERM/SIGINT: tells run_worker not to start again
-        self.push_exc_handler(self._on_exception)
 
     def request_stop(self, signum, frame):
         self.stop_requested = True
@@ -95,73 +100,67 @@ class SigpropWorker(Worker):
     # -- the work horse -----------------------------------------------------------------------------
     def execute_job(self, job, queue):
         self._worker_pid = os.getpid()
+        reason = refusal(job)
+        if reason is not None:
+            return self._refuse(job, queue, reason)
         return super().execute_job(job, queue)
+
+    def _refuse(self, job, queue, reason: str) -> None:
+        """Fail a job that is not sigprop's (``trust.refusal``) without forking a horse or running
+        any of it: no retry, no callback; the job ends ``failed`` with the reason."""
+        log.error("refused job %s from queue %s: %s", job.id, queue.name, reason)
+        job.retries_left = 0
+        for field in ("_success_callback_name", "_failure_callback_name", "_stopped_callback_name"):
+            setattr(job, field, None)
+        execution = self.prepare_execution(job)
+        self.handle_job_failure(job, queue, exc_string=f"RefusedJob: {reason}", execution=execution)
 
     def setup_work_horse_signals(self):
         super().setup_work_horse_signals()
         _die_with_parent(self._worker_pid)
 
-    # -- failures -----------------------------------------------------------------------------------
-    def handle_job_failure(self, job, queue, started_job_registry=None, exc_string="", execution=None):
-        """Every failed attempt that a worker sees (an exception in the horse, a horse that died,
-        a stopped job) comes through here: let RQ retry or fail it, then record the outcome."""
-        stopped = self._stopped_job_id == job.id
-        cancel = self._cancel_time(job.id)
-        if cancel is not None:
-            job.retries_left = 0  # a cancelled job is never retried
-        will_retry = bool(job.should_retry) and not stopped
-        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string,
-                                   execution=execution)
+    def _horse_killed(self, job, retpid, ret_val, rusage) -> None:  # noqa: ARG002 - RQ's signature
+        """RQ's work_horse_killed_handler: the horse ended without raising (a signal, the OOM
+        killer). Called before RQ retries or fails the job, so a cancelled job is kept from retrying."""
         try:
-            if stopped or cancel is not None:
-                grace = f"it did not stop within {self.cancel_grace_s:g} s of the request, so its worker killed it"
-                self.store.mark_cancelled(job.id, f"cancelled on request: {grace}" if stopped else
-                                          "cancelled on request while running")
-            else:
-                self.store.record_failure(job.id, reason_from_traceback(exc_string), will_retry)
-        except Exception:  # noqa: BLE001 - the RQ side is already recorded; never crash the worker
+            if cancel_time(self.store, job.id) is not None:
+                job.retries_left = 0
+                self.store.mark_cancelled(job.id, "cancelled on request while running")
+                return
+            killed_by = f" (signal {os.WTERMSIG(ret_val)})" if ret_val and os.WIFSIGNALED(ret_val) else ""
+            reason = f"Work-horse terminated unexpectedly; waitpid returned {ret_val}{killed_by};"
+            self.store.record_failure(job.id, reason, will_retry=job.should_retry)
+        except Exception:  # noqa: BLE001 - the RQ side is recorded anyway; never crash the worker
             log.exception("could not record the failure of validation %s", job.id)
 
-    def _on_exception(self, job, exc_type, exc_value, tb):
-        """Exception handler; RQ calls it for a job abandoned by a dead worker (from
-        StartedJobRegistry.cleanup, before it decides about the retry) and, in the horse, for an
-        exception a job raised (recorded by handle_job_failure instead)."""
-        if exc_type is not AbandonedJobError and not isinstance(exc_value, AbandonedJobError):
-            return True
-        try:
-            if self._cancel_time(job.id) is not None:
-                job.retries_left = 0
-                self.store.mark_cancelled(job.id, "cancelled on request; its worker had died")
-            else:
-                will_retry = bool(job.retries_left and job.retries_left > 0)
-                self.store.record_failure(
-                    job.id, "abandoned: the worker running it stopped heartbeating (killed or lost)", will_retry)
-        except Exception:  # noqa: BLE001
-            log.exception("could not record the abandonment of validation %s", job.id)
-        return True
-
-    # -- cancel fallback ------------------------------------------------------------------------------
-    def _cancel_time(self, vid: str) -> float | None:
-        try:
-            return self.store.cancel_requested(vid)
-        except Exception:  # noqa: BLE001 - Redis hiccup: treat as not cancelled
-            return None
-
+    # -- cancel grace ---------------------------------------------------------------------------------
     def maintain_heartbeats(self, job, *args, **kwargs):
         super().maintain_heartbeats(job, *args, **kwargs)
-        requested = self._cancel_time(job.id)
-        if requested is not None and self._stopped_job_id != job.id and time.time() - requested > self.cancel_grace_s:
-            log.warning("validation %s ignored its cancel for %.0f s: stopping its work horse", job.id,
-                        time.time() - requested)
-            self._stopped_job_id = job.id  # what RQ's stop-job command does (send_stop_job_command)
-            self.kill_horse()
+        self._enforce_cancel(job)
+
+    def _enforce_cancel(self, job) -> None:
+        """Stop the job through RQ once its cancel is older than the grace period."""
+        requested = cancel_time(self.store, job.id)
+        if requested is None or STOP_REASON in job.meta or time.time() - requested <= self.cancel_grace_s:
+            return
+        log.warning(
+            "validation %s ignored its cancel for %.0f s: stopping its work horse", job.id, time.time() - requested
+        )
+        job.meta[STOP_REASON] = (
+            f"cancelled on request: it did not stop within {self.cancel_grace_s:g} s of the "
+            "request, so its worker killed it"
+        )
+        try:
+            job.save_meta()
+            send_stop_job_command(self.connection, job.id, serializer=self.serializer)
+        except (redis.RedisError, NoSuchJobError, InvalidJobOperation) as exc:
+            log.warning("validation %s: the stop request failed (%s); trying again", job.id, exc)
+            job.meta.pop(STOP_REASON, None)
 
 
 def _wait_for_redis(connection, max_wait_s: float = 5.0) -> None:
     """Block until Redis answers. A worker started during an outage (or before Redis in a compose
     stack) waits for it instead of exiting; once running, RQ's own loop rides out outages."""
-    import redis
-
     wait = 0.2
     while True:
         try:
@@ -173,6 +172,27 @@ def _wait_for_redis(connection, max_wait_s: float = 5.0) -> None:
             wait = min(wait * 2, max_wait_s)
 
 
+def check_worker(settings, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """``sigprop worker --check`` (the worker image's HEALTHCHECK): Redis answers with these
+    settings (credentials and TLS included) and a worker of this host is registered with RQ, as
+    (healthy, what was found). A worker's registration expires with it, so a hung or dead worker
+    reads as unhealthy."""
+    host = socket.gethostname()
+    try:
+        connection = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        connection.ping()
+        keys = connection.smembers("rq:workers")
+        hosts = [connection.hget(key, "hostname") for key in keys]
+    except (redis.RedisError, OSError) as exc:
+        return False, f"Redis does not answer ({type(exc).__name__}: {exc})"
+    mine = sum(1 for h in hosts if h is not None and h.decode(errors="replace") == host)
+    if not mine:
+        return False, f"Redis answers, but no worker of host {host} is registered ({len(hosts)} worker(s) in all)"
+    return True, f"Redis answers and {mine} worker(s) of host {host} are registered"
+
+
 def run_worker(settings, queues: list[str] | None = None, burst: bool = False, name: str | None = None) -> bool:
     """Run a worker until stopped (or, with ``burst``, until the queues are empty).
 
@@ -180,9 +200,7 @@ def run_worker(settings, queues: list[str] | None = None, burst: bool = False, n
     one (its horse cannot store the outcome, then the parent cannot read the job's status). So a
     worker that leaves its loop without being asked to stop waits for Redis and starts again as a
     new RQ worker; the interrupted job's heartbeat lapses and maintenance retries it
-    (``SigpropWorker._on_exception``), so nothing accepted is lost."""
-    import redis
-
+    (the job's ``on_failure`` callback), so nothing accepted is lost."""
     try:  # import torch once here, so each forked horse starts with it loaded (CUDA stays uninitialized)
         import torch  # noqa: F401
     except ImportError:
@@ -190,11 +208,14 @@ def run_worker(settings, queues: list[str] | None = None, burst: bool = False, n
     connection = redis.Redis.from_url(settings.redis_url)
     for generation in itertools.count():
         _wait_for_redis(connection)
-        worker = SigpropWorker(queues or [settings.validation_queue or QUEUE_NAME], connection=connection,
-                               name=name if name is None or generation == 0 else f"{name}-{generation}",
-                               job_monitoring_interval=settings.worker_heartbeat_s,
-                               maintenance_interval=settings.worker_maintenance_s,
-                               cancel_grace_s=settings.validation_cancel_grace_s)
+        worker = SigpropWorker(
+            queues or [settings.validation_queue or QUEUE_NAME],
+            connection=connection,
+            name=name if name is None or generation == 0 else f"{name}-{generation}",
+            job_monitoring_interval=settings.worker_heartbeat_s,
+            maintenance_interval=settings.worker_maintenance_s,
+            cancel_grace_s=settings.validation_cancel_grace_s,
+        )
         try:
             worked = worker.work(burst=burst, logging_level=settings.log_level)
             if burst or worker.stop_requested:
