@@ -15,7 +15,7 @@ The framework adapters, which do need their framework, live in ``sigprop.client.
 ``sigprop.client.jax``; import those modules explicitly.
 """
 
-from ..errors import SigpropError
+from ..schemas.errors import SigpropError
 from ..schemas.solve import Solution
 from .http import AsyncClient, Client
 

@@ -1,4 +1,4 @@
-"""Typed HTTP client for the sigprop service (contract: shared/design/contract.md, sections 2-3).
+"""Typed HTTP client for the sigprop service (contract: docs/contract.md, sections 2-3).
 
 ``Client`` (blocking) and ``AsyncClient`` (asyncio) have the same constructor and the same methods;
 the async ones are coroutines. Both wrap one ``httpx`` client, so connections are kept alive
@@ -31,14 +31,14 @@ import builtins
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
 
 from .. import __version__
-from ..errors import SigpropError
+from ..schemas.errors import SigpropError
 from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution, SolveRequest, Targets, TrainableOptions
 
@@ -50,9 +50,9 @@ MAX_BACKOFF_S = 10.0
 # Connecting should never take as long as a solve may: the connect phase has its own, shorter limit.
 CONNECT_TIMEOUT_S = 10.0
 
-GraphLike = Union[Graph, Template, Mapping[str, Any]]
-TargetsLike = Union[Targets, Mapping[str, float]]
-TimeoutLike = Union[float, httpx.Timeout, None]
+GraphLike = Graph | Template | Mapping[str, Any]
+TargetsLike = Targets | Mapping[str, float]
+TimeoutLike = float | httpx.Timeout | None
 
 # The request never reached the service: safe to send again whatever it was.
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
@@ -107,8 +107,13 @@ def error_from_response(response: httpx.Response) -> SigpropError:
         hint = err.get("hint")
         # Retry-After (429 rate_limited, 503) stays readable: ``exc.headers["Retry-After"]``
         kept = {k: response.headers[k] for k in ("Retry-After",) if k in response.headers}
-        return SigpropError(err["code"], message if isinstance(message, str) else "",
-                            hint if isinstance(hint, str) else "", response.status_code, headers=kept or None)
+        return SigpropError(
+            err["code"],
+            message if isinstance(message, str) else "",
+            hint if isinstance(hint, str) else "",
+            response.status_code,
+            headers=kept or None,
+        )
     text = response.text.strip()
     request = response.request
     message = f"HTTP {response.status_code} {response.reason_phrase} from {request.method} {request.url}"
@@ -145,7 +150,7 @@ class _Base:
     # -- retry policy ------------------------------------------------------------------------------
     def _delay(self, attempt: int, response: httpx.Response | None = None) -> float:
         """Seconds to wait before attempt ``attempt + 1`` (``attempt`` counts from 0)."""
-        delay = self.backoff * 2 ** attempt
+        delay = self.backoff * 2**attempt
         if response is not None:
             try:
                 delay = max(delay, float(response.headers.get("retry-after", "")))
@@ -161,10 +166,19 @@ class _Base:
 
     # -- request bodies ----------------------------------------------------------------------------
     @staticmethod
-    def _solve_body(graph: GraphLike, method: str, activation: str, targets: TargetsLike | None,
-                    init: str | None, trainable: TrainableOptions | Mapping[str, Any] | None,
-                    c_map_points: int | None) -> dict:
+    def _solve_body(
+        graph: GraphLike,
+        method: str,
+        activation: str,
+        targets: TargetsLike | None,
+        init: str | None,
+        trainable: TrainableOptions | Mapping[str, Any] | None,
+        c_map_points: int | None,
+        assumptions: str | None = None,
+    ) -> dict:
         body: dict[str, Any] = {"graph": _dump(graph, "graph"), "method": method, "activation": activation}
+        if assumptions is not None:
+            body["assumptions"] = assumptions
         if targets is not None:
             body["targets"] = _dump(targets, "targets")
         if init is not None:
@@ -201,11 +215,19 @@ class Client(_Base):
     ...     sol.negative_slope
     """
 
-    def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, timeout: TimeoutLike = 30.0,
-                 retries: int = 3, backoff: float = 0.25, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str | None = None,
+        timeout: TimeoutLike = 30.0,
+        retries: int = 3,
+        backoff: float = 0.25,
+        transport: httpx.BaseTransport | None = None,
+    ):
         super().__init__(base_url, api_key, timeout, retries, backoff)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.timeout,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -218,8 +240,17 @@ class Client(_Base):
         self.close()
 
     # -- transport with retries --------------------------------------------------------------------
-    def _send(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None,
-              idempotent: bool = True, retry_503: bool = True, retries: int | None = None) -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        idempotent: bool = True,
+        retry_503: bool = True,
+        retries: int | None = None,
+    ) -> httpx.Response:
         limit = self.retries if retries is None else retries
         attempt = 0
         while True:
@@ -239,12 +270,22 @@ class Client(_Base):
         return _check(self._send(method, path, **kwargs)).json()
 
     # -- solving -----------------------------------------------------------------------------------
-    def solve(self, graph: GraphLike, method: str, activation: str, targets: TargetsLike | None = None, *,
-              init: str | None = None, trainable: TrainableOptions | Mapping[str, Any] | None = None,
-              c_map_points: int | None = None) -> Solution:
+    def solve(
+        self,
+        graph: GraphLike,
+        method: str,
+        activation: str,
+        targets: TargetsLike | None = None,
+        *,
+        init: str | None = None,
+        trainable: TrainableOptions | Mapping[str, Any] | None = None,
+        c_map_points: int | None = None,
+        assumptions: str | None = None,
+    ) -> Solution:
         """``POST /v1/solve``. ``graph`` is a ``sigprop.graph/v1`` graph or a template, as a dict or a
-        ``Graph`` / ``Template`` model, e.g. ``{"template": "mlp", "depth": 50}``."""
-        body = self._solve_body(graph, method, activation, targets, init, trainable, c_map_points)
+        ``Graph`` / ``Template`` model, e.g. ``{"template": "mlp", "depth": 50}``. ``assumptions="warn"``
+        solves a graph outside the kernel theory instead of raising ``unsupported_structure``."""
+        body = self._solve_body(graph, method, activation, targets, init, trainable, c_map_points, assumptions)
         return self.solve_request(body)
 
     def solve_request(self, request: SolveRequest | Mapping[str, Any]) -> Solution:
@@ -257,8 +298,7 @@ class Client(_Base):
         """``GET /v1/solutions/{key}``: the stored record (summary, ``request`` and ``answer``)."""
         return self._json("GET", f"/v1/solutions/{_path(key)}")
 
-    def list(self, offset: int = 0, limit: int = 50, method: str | None = None,
-             activation: str | None = None) -> dict:
+    def list(self, offset: int = 0, limit: int = 50, method: str | None = None, activation: str | None = None) -> dict:
         """``GET /v1/solutions``: ``{"total", "offset", "limit", "items"}``."""
         return self._json("GET", "/v1/solutions", params=self._list_params(offset, limit, method, activation))
 
@@ -300,11 +340,19 @@ class AsyncClient(_Base):
     ...     sol = await sp.solve({"template": "mlp", "depth": 50}, "tat", "leaky_relu", {"eta": 0.9})
     """
 
-    def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, timeout: TimeoutLike = 30.0,
-                 retries: int = 3, backoff: float = 0.25, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str | None = None,
+        timeout: TimeoutLike = 30.0,
+        retries: int = 3,
+        backoff: float = 0.25,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         super().__init__(base_url, api_key, timeout, retries, backoff)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self.timeout,
-                                       transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -315,8 +363,17 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc_info) -> None:
         await self.aclose()
 
-    async def _send(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None,
-                    idempotent: bool = True, retry_503: bool = True, retries: int | None = None) -> httpx.Response:
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        idempotent: bool = True,
+        retry_503: bool = True,
+        retries: int | None = None,
+    ) -> httpx.Response:
         limit = self.retries if retries is None else retries
         attempt = 0
         while True:
@@ -335,11 +392,20 @@ class AsyncClient(_Base):
     async def _json(self, method: str, path: str, **kwargs) -> Any:
         return _check(await self._send(method, path, **kwargs)).json()
 
-    async def solve(self, graph: GraphLike, method: str, activation: str, targets: TargetsLike | None = None, *,
-                    init: str | None = None, trainable: TrainableOptions | Mapping[str, Any] | None = None,
-                    c_map_points: int | None = None) -> Solution:
+    async def solve(
+        self,
+        graph: GraphLike,
+        method: str,
+        activation: str,
+        targets: TargetsLike | None = None,
+        *,
+        init: str | None = None,
+        trainable: TrainableOptions | Mapping[str, Any] | None = None,
+        c_map_points: int | None = None,
+        assumptions: str | None = None,
+    ) -> Solution:
         """``POST /v1/solve`` (see ``Client.solve``)."""
-        body = self._solve_body(graph, method, activation, targets, init, trainable, c_map_points)
+        body = self._solve_body(graph, method, activation, targets, init, trainable, c_map_points, assumptions)
         return await self.solve_request(body)
 
     async def solve_request(self, request: SolveRequest | Mapping[str, Any]) -> Solution:
@@ -349,8 +415,9 @@ class AsyncClient(_Base):
     async def get(self, key: str) -> dict:
         return await self._json("GET", f"/v1/solutions/{_path(key)}")
 
-    async def list(self, offset: int = 0, limit: int = 50, method: str | None = None,
-                   activation: str | None = None) -> dict:
+    async def list(
+        self, offset: int = 0, limit: int = 50, method: str | None = None, activation: str | None = None
+    ) -> dict:
         return await self._json("GET", "/v1/solutions", params=self._list_params(offset, limit, method, activation))
 
     async def delete(self, key: str) -> dict:

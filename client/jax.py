@@ -4,9 +4,9 @@ Three things an answer tells a model, each usable on its own:
 
 - :func:`transformed_activation` -- the activation to use, as a jax-traceable function
   ``phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift)`` (the dks
-  convention of the contract), ``phi`` written exactly as the engine defines it
-  (``sigprop.engine.activations``), including ``negative_slope`` of ``leaky_relu`` and the
-  threshold ``tau`` / clip ``m`` of the sparsifying activations.
+  convention of the contract), ``phi`` written exactly as the engine defines it, for every
+  activation of the catalogue (``sigprop.schemas.activations``), including ``negative_slope`` of
+  ``leaky_relu`` and the threshold ``tau`` / clip ``m`` of the sparsifying activations.
 - Initializers with the Flax / Haiku / ``jax.nn.initializers`` signature
   ``init(key, shape, dtype=jnp.float32)``: :func:`scaled_uniform_orthogonal` (with Orthogonal
   Delta for conv kernels), :func:`gaussian`, and :func:`initializer_for` /
@@ -28,19 +28,24 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        "sigprop.client.jax needs JAX, which is not installed: pip install 'sigprop[jax]'"
-    ) from _exc
+    raise ImportError("sigprop.client.jax needs JAX, which is not installed: pip install 'sigprop[jax]'") from _exc
 
-import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 import numpy as np
 
 from sigprop.schemas import LayerInit, Solution
+from sigprop.schemas.activations import (
+    ACTIVATION_NAMES,
+    CATALOGUE,
+    GELU_TANH_K,
+    SELU_ALPHA,
+    SELU_LAMBDA,
+    canonical_name,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -57,16 +62,21 @@ __all__ = [
     "apply_to_params",
 ]
 
-Initializer = Callable[..., jax.Array]  # init(key, shape, dtype=jnp.float32) -> jax.Array
-PathLike = Union[str, Sequence[Any]]
+from .jax_initializers import (  # noqa: E402 - after the JAX import check above
+    Initializer,
+    _expected_fans,
+    bias_initializer_for,
+    gaussian,
+    initializer_for,
+    scaled_uniform_orthogonal,
+    zeros,
+)
+
+PathLike = str | Sequence[Any]
 
 # --------------------------------------------------------------------------- activations
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_GELU_TANH_K = 0.044715
-# sigprop.engine.activations.SELU_LAMBDA / SELU_ALPHA
-_SELU_LAMBDA = 1.0507009873554804934193349852946
-_SELU_ALPHA = 1.6732632423543772848170429916717
 
 
 def _softplus(x):
@@ -82,7 +92,7 @@ def _elu(x, alpha=1.0, scale=1.0):
 
 
 def _gelu_tanh(x):
-    return x * jax.nn.sigmoid(2.0 * _SQRT_2_OVER_PI * x * (1.0 + _GELU_TANH_K * x * x))
+    return x * jax.nn.sigmoid(2.0 * _SQRT_2_OVER_PI * x * (1.0 + GELU_TANH_K * x * x))
 
 
 def _bentid(x):
@@ -90,41 +100,54 @@ def _bentid(x):
     return 0.5 * (x * x) / (jnp.hypot(x, 1.0) + 1.0) + x
 
 
-# Each entry: (names of the parameters the activation takes, with the engine's defaults;
-# phi(x, **params)). The one-sided derivatives at the kinks follow the engine (and PyTorch):
-# jnp.where with a strict inequality, never jnp.maximum / jnp.clip (whose gradient at a tie is 1/2).
-_ACTS: dict[str, tuple[dict[str, float], Callable[..., jax.Array]]] = {
-    "tanh": ({}, jnp.tanh),
-    "sigmoid": ({}, jax.nn.sigmoid),
-    "softplus": ({}, _softplus),
-    "erf": ({}, jax.scipy.special.erf),
-    "atan": ({}, jnp.arctan),
-    "asinh": ({}, jnp.arcsinh),
-    "softsign": ({}, lambda x: x / (1.0 + jnp.abs(x))),
-    "bentid": ({}, _bentid),
-    "swish": ({}, lambda x: x * jax.nn.sigmoid(x)),
-    "gelu": ({}, lambda x: x * jax.scipy.special.ndtr(x)),
-    "gelu_tanh": ({}, _gelu_tanh),
-    "elu": ({"alpha": 1.0}, lambda x, alpha: _elu(x, alpha)),
-    "selu": ({}, lambda x: _elu(x, _SELU_ALPHA, _SELU_LAMBDA)),
-    "relu": ({}, lambda x: jnp.where(x > 0, x, 0.0)),
-    "leaky_relu": ({"negative_slope": 0.01},
-                   lambda x, negative_slope: jnp.where(x > 0, x, negative_slope * x)),
-    "relu_tau": ({"tau": 1.0}, lambda x, tau: jnp.where(x > tau, x - tau, 0.0)),
-    "soft_threshold": ({"tau": 1.0},
-                       lambda x, tau: jnp.where(x > tau, x - tau, jnp.where(x < -tau, x + tau, 0.0))),
-    "crelu": ({"tau": 1.0, "m": 1.0},
-              lambda x, tau, m: jnp.where(x > tau, jnp.where(x - tau < m, x - tau, m), 0.0)),
-    "cst": ({"tau": 1.0, "m": 1.0},
-            lambda x, tau, m: jnp.where(
-                jnp.abs(x) > tau,
-                jnp.sign(x) * jnp.where(jnp.abs(x) - tau < m, jnp.abs(x) - tau, m),
-                0.0)),
-}
-_ALIASES = {"silu": "swish"}
+def _soft_threshold(x, tau):
+    return jnp.where(x > tau, x - tau, jnp.where(x < -tau, x + tau, 0.0))
 
-#: every activation name :func:`transformed_activation` accepts (the engine's, aliases included)
-ACTIVATIONS: tuple[str, ...] = tuple(_ACTS) + tuple(_ALIASES)
+
+def _crelu(x, tau, m):
+    return jnp.where(x > tau, jnp.where(x - tau < m, x - tau, m), 0.0)
+
+
+def _cst(x, tau, m):
+    return jnp.where(jnp.abs(x) > tau, jnp.sign(x) * jnp.where(jnp.abs(x) - tau < m, jnp.abs(x) - tau, m), 0.0)
+
+
+# phi(x, **params) of each catalogue activation (sigprop.schemas.activations has the names, the
+# parameters and their defaults). The one-sided derivatives at the kinks follow the engine (and
+# PyTorch): jnp.where with a strict inequality, never jnp.maximum / jnp.clip (whose gradient at a
+# tie is 1/2).
+_PHI: dict[str, Callable[..., jax.Array]] = {
+    "tanh": jnp.tanh,
+    "sigmoid": jax.nn.sigmoid,
+    "softplus": _softplus,
+    "erf": jax.scipy.special.erf,
+    "atan": jnp.arctan,
+    "asinh": jnp.arcsinh,
+    "softsign": lambda x: x / (1.0 + jnp.abs(x)),
+    "bentid": _bentid,
+    "swish": lambda x: x * jax.nn.sigmoid(x),
+    "gelu": lambda x: x * jax.scipy.special.ndtr(x),
+    "gelu_tanh": _gelu_tanh,
+    "elu": lambda x, alpha: _elu(x, alpha),
+    "selu": lambda x: _elu(x, SELU_ALPHA, SELU_LAMBDA),
+    "relu": lambda x: jnp.where(x > 0, x, 0.0),
+    "leaky_relu": lambda x, negative_slope: jnp.where(x > 0, x, negative_slope * x),
+    "relu_tau": lambda x, tau: jnp.where(x > tau, x - tau, 0.0),
+    "soft_threshold": _soft_threshold,
+    "crelu": _crelu,
+    "cst": _cst,
+}
+
+#: every activation name :func:`transformed_activation` accepts (the catalogue's, aliases included)
+ACTIVATIONS: tuple[str, ...] = ACTIVATION_NAMES
+
+
+def _canonical(name: str) -> str:
+    """The catalogue's name for ``name``; ValueError for a name it does not know."""
+    key = canonical_name(name)
+    if key is None:
+        raise ValueError(f"unknown activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
+    return key
 
 
 def _as_float_array(x) -> jax.Array:
@@ -137,15 +160,13 @@ def _as_float_array(x) -> jax.Array:
 def activation_fn(name: str, **params: float) -> Callable[[jax.Array], jax.Array]:
     """The untransformed ``phi`` called ``name`` (PyTorch naming, as the engine), jax-traceable.
 
-    ``params``: ``negative_slope`` (``leaky_relu``, default 0.01), ``alpha`` (``elu``, 1.0),
-    ``tau`` (``relu_tau``, ``soft_threshold``, ``crelu``, ``cst``; 1.0), ``m`` (``crelu``,
-    ``cst``; 1.0). A parameter given as None takes its default; one the activation does not take
-    is an error.
+    ``params``: the ones the catalogue lists for the activation (``negative_slope`` of
+    ``leaky_relu``, ``alpha`` of ``elu``, ``tau`` and ``m`` of the sparsifying ones), with its
+    defaults. A parameter given as None takes its default; one the activation does not take is an
+    error.
     """
-    key = _ALIASES.get(name, name)
-    if key not in _ACTS:
-        raise ValueError(f"unknown activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
-    defaults, phi = _ACTS[key]
+    key = _canonical(name)
+    defaults, phi = CATALOGUE[key].defaults, _PHI[key]
     unknown = sorted(k for k, v in params.items() if v is not None and k not in defaults)
     if unknown:
         raise ValueError(f"activation {name!r} takes no parameter(s) {', '.join(unknown)}")
@@ -179,11 +200,10 @@ def transformed_activation(solution, name: str | None = None) -> Callable[[jax.A
     under ``jax.jit``, ``jax.grad``, ``jax.vmap``. Computation stays in the input's dtype.
     """
     sol = _solution(solution)
+    sol = sol.for_function(name) if name is not None else sol  # a mixed graph's answer: that function's entry
     act_name = name if name is not None else sol.activation
-    key = _ALIASES.get(act_name, act_name)
-    if key not in _ACTS:
-        raise ValueError(f"unknown activation {act_name!r}; supported: {', '.join(ACTIVATIONS)}")
-    defaults = _ACTS[key][0]
+    key = _canonical(act_name)
+    defaults = CATALOGUE[key].defaults
     given = {"negative_slope": sol.negative_slope, "tau": sol.tau, "m": sol.m}
     phi = activation_fn(key, **{k: v for k, v in given.items() if k in defaults})
 
@@ -200,142 +220,15 @@ def transformed_activation(solution, name: str | None = None) -> Callable[[jax.A
     return phi_hat
 
 
+def transformed_activations(solution, graph: Mapping) -> dict[str, Callable[[jax.Array], jax.Array]]:
+    """Graph id -> phi_hat of that activation node (its ``fn``'s entry in ``Solution.activations``, else the top)."""
+    sol = _solution(solution)
+    fns = {nd["id"]: nd.get("fn") or sol.activation for nd in graph["nodes"] if nd["op"] == "activation"}
+    return {gid: transformed_activation(sol, fn) for gid, fn in fns.items()}
+
+
 # --------------------------------------------------------------------------- initializers
-
-
-def _uniform_orthogonal(key, n_rows: int, n_cols: int, dtype) -> jax.Array:
-    """An ``n_rows x n_cols`` matrix from the uniform (Haar) distribution on matrices with
-    orthonormal rows (``n_rows <= n_cols``) or columns (``n_rows > n_cols``).
-
-    The construction of ``dks.jax.parameter_sampling_functions._uniform_orthogonal``: QR of a
-    Gaussian matrix, column signs fixed by ``diag(R)``; equal to ``(X X^T)^{-1/2} X`` in
-    distribution (TAT paper, Appendix D).
-    """
-    big, small = max(n_rows, n_cols), min(n_rows, n_cols)
-    x = jax.random.normal(key, (big, small), dtype)
-    q, r = jnp.linalg.qr(x)
-    q = q * jnp.sign(jnp.diag(r))
-    return q.T if n_rows < n_cols else q
-
-
-# The samplers are jitted once per (shape, dtype) with the gain traced, so re-initializing a
-# model eagerly costs one compiled call per layer shape rather than a dozen dispatches per layer
-# (and a new gain never recompiles). Under an outer jit / vmap they are simply inlined.
-@functools.partial(jax.jit, static_argnames=("shape", "dtype", "n_spatial"))
-def _suo_sample(key, gain, *, shape: tuple[int, ...], dtype, n_spatial: int) -> jax.Array:
-    spatial = shape[:n_spatial]
-    n_out = shape[-1]
-    n_in = math.prod(shape[n_spatial:-1])
-    # half-precision kernels are sampled in float32 (LAPACK has no bf16 / f16 QR) and rounded once
-    work = dtype if jnp.dtype(dtype).itemsize >= 4 else jnp.float32
-    w = _uniform_orthogonal(key, n_out, n_in, work)  # out x in
-    mat = (gain.astype(work) * w.T).astype(dtype)  # in x out
-    if not spatial:
-        return mat.reshape(shape)
-    centre = tuple((s - 1) // 2 for s in spatial)
-    return jnp.zeros(shape, dtype).at[centre].set(mat)
-
-
-@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
-def _gaussian_sample(key, std, *, shape: tuple[int, ...], dtype) -> jax.Array:
-    return std.astype(dtype) * jax.random.normal(key, shape, dtype)
-
-
-def scaled_uniform_orthogonal(gain: float = 1.0, delta: bool = True, *,
-                              scale_corrected: bool = False) -> Initializer:
-    """Scaled uniform orthogonal (SUO) weights, Orthogonal Delta for conv kernels.
-
-    ``init(key, shape, dtype=jnp.float32)`` returns ``gain`` times a uniformly random matrix
-    with orthonormal rows or columns, in JAX's kernel layout:
-
-    - dense ``[in, out]``: with ``W = kernel.T`` (``out x in``), ``W W^T = gain^2 I`` when
-      ``in >= out`` and ``W^T W = gain^2 I`` when ``in < out``;
-    - conv ``[*spatial, in, out]`` with ``delta=True`` (Orthogonal Delta): every tap is zero
-      except the centre one, which is an ``[in, out]`` SUO matrix (spatial sizes must be odd);
-      with ``delta=False`` the whole kernel is one ``[prod(spatial) * in, out]`` SUO matrix.
-
-    ``gain`` is the multiplier on the orthonormal matrix, exactly an answer's ``layers[].gain``,
-    which already holds the scale correction ``max(sqrt(fan_out / fan_in), 1)`` times
-    ``sqrt(sigma_w2)``. With ``scale_corrected=True`` the correction is computed from the shape
-    and applied on top of ``gain`` (then ``gain`` plays the role of dks's ``scale`` and the
-    result equals ``dks.jax.parameter_sampling_functions.scaled_uniform_orthogonal``, bit for bit).
-    """
-    gain = float(gain)
-
-    def init(key, shape, dtype=jnp.float32) -> jax.Array:
-        shape = tuple(int(s) for s in shape)
-        dtype = jnp.dtype(dtype)
-        if len(shape) < 2:
-            raise ValueError(f"scaled_uniform_orthogonal needs a kernel of rank >= 2, got shape {shape}")
-        n_spatial = len(shape) - 2 if delta else 0
-        if any(s % 2 != 1 for s in shape[:n_spatial]):
-            raise ValueError(f"Orthogonal Delta needs odd spatial sizes, got kernel shape {shape}")
-        n_out, n_in = shape[-1], math.prod(shape[n_spatial:-1])
-        # the product in float64, cast once (as dks does)
-        g = gain * (max(math.sqrt(n_out / n_in), 1.0) if scale_corrected else 1.0)
-        return _suo_sample(key, np.asarray(g, np.float32 if dtype.itemsize <= 4 else dtype),
-                           shape=shape, dtype=dtype, n_spatial=n_spatial)
-
-    return init
-
-
-def gaussian(std: float) -> Initializer:
-    """``N(0, std^2)`` entries: ``init(key, shape, dtype=jnp.float32)``. An answer's gaussian
-    ``layers[].gain`` is this ``std`` (``sqrt(sigma_w2 / fan_in)``)."""
-    std = float(std)
-
-    def init(key, shape, dtype=jnp.float32) -> jax.Array:
-        dtype = jnp.dtype(dtype)
-        return _gaussian_sample(key, np.asarray(std, np.float32 if dtype.itemsize <= 4 else dtype),
-                                shape=tuple(int(s) for s in shape), dtype=dtype)
-
-    return init
-
-
-def zeros(key, shape, dtype=jnp.float32) -> jax.Array:
-    """All zeros, with the initializer signature (the key is ignored)."""
-    return jnp.zeros(tuple(shape), dtype)
-
-
-def _layer(layer) -> LayerInit:
-    if isinstance(layer, LayerInit):
-        return layer
-    if isinstance(layer, Mapping):
-        return LayerInit.model_validate(dict(layer))
-    raise TypeError(f"expected a sigprop LayerInit (or its dict), got {type(layer).__name__}")
-
-
-def initializer_for(layer) -> Initializer:
-    """The kernel initializer an answer's ``layers[]`` entry asks for, with its ``gain``:
-    ``scaled_uniform_orthogonal`` -> :func:`scaled_uniform_orthogonal` ``(gain, delta=False)``,
-    ``orthogonal_delta`` -> ``(gain, delta=True)``, ``gaussian`` -> :func:`gaussian` ``(gain)``."""
-    layer = _layer(layer)
-    if layer.distribution == "scaled_uniform_orthogonal":
-        return scaled_uniform_orthogonal(layer.gain, delta=False)
-    if layer.distribution == "orthogonal_delta":
-        return scaled_uniform_orthogonal(layer.gain, delta=True)
-    if layer.distribution == "gaussian":
-        return gaussian(layer.gain)
-    raise ValueError(f"unknown distribution {layer.distribution!r} of layer {layer.id!r}")  # pragma: no cover
-
-
-def bias_initializer_for(layer) -> Initializer:
-    """The bias initializer of an answer's layer: zeros (also for ``bias == "none"``, should the
-    model have a bias anyway), or ``N(0, bias_variance)`` for ``gaussian``."""
-    layer = _layer(layer)
-    if layer.bias == "gaussian" and layer.bias_variance > 0:
-        return gaussian(math.sqrt(layer.bias_variance))
-    return zeros
-
-
-def _expected_fans(layer: LayerInit, shape: tuple[int, ...]) -> tuple[int, int] | None:
-    """(fan_in, fan_out) the answer's layer would have on a kernel of this shape (JAX layout)."""
-    if len(shape) < 2:
-        return None
-    if layer.distribution == "orthogonal_delta" and len(shape) > 2:
-        return shape[-2], shape[-1]
-    return math.prod(shape[:-1]), shape[-1]
-
+# (in ``jax_initializers``; re-exported here, where users import them)
 
 # --------------------------------------------------------------------------- params trees
 
@@ -379,8 +272,13 @@ class ApplyReport:
     @property
     def ok(self) -> bool:
         """Every answer layer was applied and every kernel in the tree was covered."""
-        return not (self.not_found or self.unmapped_layers or self.unknown_ids
-                    or self.uncovered_kernels or self.shape_mismatches)
+        return not (
+            self.not_found
+            or self.unmapped_layers
+            or self.unknown_ids
+            or self.uncovered_kernels
+            or self.shape_mismatches
+        )
 
     def changed_paths(self) -> list[tuple]:
         return [c.path for c in self.changed]
@@ -421,7 +319,7 @@ def _rebuild(node: Mapping, items: dict):
         return items
     try:
         return type(node)(items)
-    except Exception:  # a Mapping type that cannot be built from a dict: fall back to dict
+    except Exception:  # noqa: BLE001 - a Mapping type that cannot be built from a dict: fall back to dict
         return items
 
 
@@ -476,9 +374,87 @@ def _shape_dtype(leaf) -> tuple[tuple[int, ...], Any]:
     return shape, dtype
 
 
-def apply_to_params(params, solution, mapping: Mapping[str, PathLike] | None, key,
-                    *, kernel_names: Sequence[str] = ("kernel", "w"),
-                    bias_names: Sequence[str] = ("bias", "b")) -> tuple[Any, ApplyReport]:
+def _kernel_and_bias(
+    params, lid: str, path: PathLike, kernel_names: Sequence[str], bias_names: Sequence[str], report: ApplyReport
+) -> tuple[tuple, tuple, tuple | None] | None:
+    """(module path, kernel path, bias path or None) that answer layer ``lid``'s ``path`` names in the
+    tree; None, with the reason in the report, where it names no kernel."""
+    resolved = _resolve(params, path)
+    shown = tuple(path) if not isinstance(path, str) else tuple(p for p in path.split("/") if p) or (path,)
+    if resolved is None:
+        report.not_found.append((lid, shown, "no such path in the params tree"))
+        return None
+    node = _get(params, resolved)
+    if not isinstance(node, Mapping):  # the path names the kernel leaf itself
+        return resolved, resolved, None
+    kname = next((n for n in kernel_names if n in node and not isinstance(node[n], Mapping)), None)
+    bname = next((n for n in bias_names if n in node and not isinstance(node[n], Mapping)), None)
+    if kname is None:
+        report.not_found.append((lid, resolved, f"no kernel ({' / '.join(kernel_names)}) under this path"))
+        return None
+    return resolved, resolved + (kname,), resolved + (bname,) if bname is not None else None
+
+
+def _set_bias(new, params, layer: LayerInit, resolved: tuple, bpath: tuple | None, key, report: ApplyReport):
+    """``new`` with the layer's bias initialized at ``bpath`` (or a warning where the tree has none)."""
+    lid = layer.id
+    if bpath is None:
+        if layer.bias == "gaussian" and layer.bias_variance > 0:
+            report.warnings.append(
+                f"layer {lid!r} asks for N(0, {layer.bias_variance:g}) biases but the "
+                f"params tree has none at {'/'.join(map(str, resolved))}"
+            )
+        return new
+    bshape, bdtype = _shape_dtype(_get(params, bpath))
+    if layer.bias == "none":
+        report.warnings.append(
+            f"layer {lid!r} has no bias in the graph but {'/'.join(map(str, bpath))} exists; set to zeros"
+        )
+    bias = bias_initializer_for(layer)(key, bshape, bdtype)
+    gaussian_bias = layer.bias == "gaussian" and layer.bias_variance > 0
+    report.changed.append(
+        ParamChange(
+            lid,
+            bpath,
+            "bias",
+            "gaussian" if gaussian_bias else "zeros",
+            math.sqrt(layer.bias_variance) if gaussian_bias else 0.0,
+            bshape,
+            jnp.dtype(bdtype).name,
+        )
+    )
+    return _set(new, bpath, bias)
+
+
+def _fans_agree(layer: LayerInit, lid: str, kpath: tuple, shape: tuple[int, ...], report: ApplyReport) -> bool:
+    """Whether the tree's kernel has the answer's fan-in and fan-out (else reported as a mismatch)."""
+    fans = _expected_fans(layer, shape)
+    if fans is None or fans != (layer.fan_in, layer.fan_out):
+        got = "a kernel of rank < 2" if fans is None else f"fan_in {fans[0]}, fan_out {fans[1]}"
+        report.shape_mismatches.append(
+            (
+                lid,
+                kpath,
+                shape,
+                f"the answer's layer has fan_in {layer.fan_in}, fan_out "
+                f"{layer.fan_out} ({layer.distribution}); the kernel gives {got}",
+            )
+        )
+        return False
+    if layer.kernel is not None and len(shape) > 2 and tuple(shape[:-2]) != tuple(layer.kernel):
+        report.warnings.append(f"layer {lid!r}: kernel {list(shape[:-2])} in the tree, {layer.kernel} in the graph")
+    return True
+
+
+def apply_to_params(
+    params,
+    solution,
+    mapping: Mapping[str, PathLike] | None,
+    key,
+    *,
+    kernel_names: Sequence[str] = ("kernel", "w"),
+    bias_names: Sequence[str] = ("bias", "b"),
+) -> tuple[Any, ApplyReport]:
     """Re-initialize a params tree from an answer; returns ``(new_params, report)``.
 
     ``params``: nested mappings of arrays, e.g. Flax's ``{"Dense_0": {"kernel": ..., "bias":
@@ -500,7 +476,7 @@ def apply_to_params(params, solution, mapping: Mapping[str, PathLike] | None, ke
     tree that no layer covered (see :class:`ApplyReport`).
     """
     sol = _solution(solution)
-    layers = {l.id: l for l in sol.layers}
+    layers = {layer.id: layer for layer in sol.layers}
     if mapping is None:
         mapping = {lid: lid for lid in layers}
     report = ApplyReport()
@@ -516,36 +492,18 @@ def apply_to_params(params, solution, mapping: Mapping[str, PathLike] | None, ke
         layer = layers.get(lid)
         if layer is None:
             continue
-        resolved = _resolve(params, path)
-        shown = tuple(path) if not isinstance(path, str) else tuple(p for p in path.split("/") if p) or (path,)
-        if resolved is None:
-            report.not_found.append((lid, shown, "no such path in the params tree"))
+        paths = _kernel_and_bias(params, lid, path, kernel_names, bias_names, report)
+        if paths is None:
             continue
-        node = _get(params, resolved)
-        if isinstance(node, Mapping):
-            kname = next((n for n in kernel_names if n in node and not isinstance(node[n], Mapping)), None)
-            bname = next((n for n in bias_names if n in node and not isinstance(node[n], Mapping)), None)
-            if kname is None:
-                report.not_found.append((lid, resolved, f"no kernel ({' / '.join(kernel_names)}) under this path"))
-                continue
-            kpath = resolved + (kname,)
-            bpath = resolved + (bname,) if bname is not None else None
-        else:  # the path names the kernel leaf itself
-            kpath, bpath = resolved, None
+        resolved, kpath, bpath = paths
         if kpath in covered:
-            report.warnings.append(f"layers {covered[kpath]!r} and {lid!r} map to the same kernel "
-                                   f"{'/'.join(map(str, kpath))}; the later one ({lid!r}) wins")
+            report.warnings.append(
+                f"layers {covered[kpath]!r} and {lid!r} map to the same kernel "
+                f"{'/'.join(map(str, kpath))}; the later one ({lid!r}) wins"
+            )
         shape, dtype = _shape_dtype(_get(params, kpath))
-        fans = _expected_fans(layer, shape)
-        if fans is None or fans != (layer.fan_in, layer.fan_out):
-            got = "a kernel of rank < 2" if fans is None else f"fan_in {fans[0]}, fan_out {fans[1]}"
-            report.shape_mismatches.append((lid, kpath, shape,
-                                            f"the answer's layer has fan_in {layer.fan_in}, fan_out "
-                                            f"{layer.fan_out} ({layer.distribution}); the kernel gives {got}"))
+        if not _fans_agree(layer, lid, kpath, shape, report):
             continue
-        if layer.kernel is not None and len(shape) > 2 and tuple(shape[:-2]) != tuple(layer.kernel):
-            report.warnings.append(f"layer {lid!r}: kernel {list(shape[:-2])} in the tree, "
-                                   f"{layer.kernel} in the graph")
         kkey, bkey = jax.random.split(layer_keys[order[lid]])
         try:
             kernel = initializer_for(layer)(kkey, shape, dtype)
@@ -554,22 +512,10 @@ def apply_to_params(params, solution, mapping: Mapping[str, PathLike] | None, ke
             continue
         new = _set(new, kpath, kernel)
         covered[kpath] = lid
-        report.changed.append(ParamChange(lid, kpath, "kernel", layer.distribution, float(layer.gain),
-                                          shape, jnp.dtype(dtype).name))
-        if bpath is not None:
-            bshape, bdtype = _shape_dtype(_get(params, bpath))
-            if layer.bias == "none":
-                report.warnings.append(f"layer {lid!r} has no bias in the graph but "
-                                       f"{'/'.join(map(str, bpath))} exists; set to zeros")
-            bias = bias_initializer_for(layer)(bkey, bshape, bdtype)
-            gaussian_bias = layer.bias == "gaussian" and layer.bias_variance > 0
-            new = _set(new, bpath, bias)
-            report.changed.append(ParamChange(
-                lid, bpath, "bias", "gaussian" if gaussian_bias else "zeros",
-                math.sqrt(layer.bias_variance) if gaussian_bias else 0.0, bshape, jnp.dtype(bdtype).name))
-        elif layer.bias == "gaussian" and layer.bias_variance > 0:
-            report.warnings.append(f"layer {lid!r} asks for N(0, {layer.bias_variance:g}) biases but the "
-                                   f"params tree has none at {'/'.join(map(str, resolved))}")
+        report.changed.append(
+            ParamChange(lid, kpath, "kernel", layer.distribution, float(layer.gain), shape, jnp.dtype(dtype).name)
+        )
+        new = _set_bias(new, params, layer, resolved, bpath, bkey, report)
 
     report.uncovered_kernels = [p for p in _leaf_paths(params, tuple(kernel_names)) if p not in covered]
     return new, report

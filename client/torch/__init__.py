@@ -1,0 +1,78 @@
+"""PyTorch adapter: extract a sigprop graph from a ``torch.nn.Module`` and apply an answer to it.
+
+    import torch
+    from sigprop.client import Client
+    from sigprop.client.torch import apply, graph_from_module
+
+    graph = graph_from_module(model, torch.randn(8, 784))
+    with Client("http://127.0.0.1:8000") as sp:
+        sol = sp.solve(graph, "tat", "leaky_relu", {"eta": 0.9})
+    report = apply(model, sol, graph=graph, example_input=torch.randn(8, 784))
+    net = report.model          # the rewritten torch.fx.GraphModule: train this one
+    print(report.summary())
+
+``graph_from_module`` traces ``forward`` with ``torch.fx.symbolic_trace`` (so ``forward`` must be
+traceable: no data-dependent Python control flow) and runs shape propagation on
+``example_input`` to get every tensor's shape. Node ids are the module qualified names for module
+calls (``net.3``, ``layer1.0.conv1``) and the fx node names otherwise (``x``, ``add_1``, ``output``).
+
+``apply`` rewrites a copy of the model (``inplace=False``, the default) with torch.fx:
+
+* every activation becomes a :class:`TransformedActivation`
+  ``output_scale * (phi(input_scale * x + input_shift) + output_shift)`` of the answer's activation
+  (a ReLU network solved with ``tat``/``leaky_relu`` gets Tailored ReLUs);
+* every traced ``a + b`` (``+``, ``+=``, ``torch.add``, ``Tensor.add``) becomes a
+  :class:`NormalizedSum`: **the add then computes the normalized sum** ``w_a a + w_b b`` with the
+  graph's weights (``1/sqrt(2)`` each when the graph gives none), which is what the kernel analysis
+  assumes; with a trainable residual beta in the answer it computes ``x + beta / sqrt(L) F(x)``;
+* every weighted layer the answer lists is re-initialized as it says (scale-corrected uniform
+  orthogonal, Orthogonal Delta for convolutions, or Gaussian; biases zero, Gaussian or none), matched
+  by id; a geometric answer's conditioning multiplier ``alpha`` is inserted after its layer and its
+  ``logits_scale`` on the output.
+
+Ops the graph cannot express stay in the rewritten model exactly as they were (they were identities
+for the solve) and are reported.
+
+The :class:`ApplyReport` lists every change and everything that was *not* done: layers in the
+answer with no module in the model, weighted modules the answer does not cover (normalization
+layers kept under ``allow_unsupported``, modules never called in ``forward``), and notes.
+
+The package: ``modules`` (:class:`TransformedActivation`, :class:`NormalizedSum`, which torch
+modules compute which catalogue activation), ``ops`` (what each traced torch op is in the graph),
+``extraction`` (:func:`graph_from_module`), ``apply`` (:func:`apply` and its report).
+
+Importing this package needs PyTorch: ``pip install 'sigprop[torch]'``. It imports nothing of the
+service: what it shares with it (the activation catalogue, the graph's shape rules, the wire
+models, ``SigpropError``) comes from ``sigprop.schemas``.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+    import torch.fx  # noqa: F401
+except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "sigprop.client.torch needs PyTorch, which is not installed: pip install 'sigprop[torch]'"
+    ) from _exc
+
+from .apply import ActivationChange, ApplyReport, LayerChange, SumChange, apply
+from .convert import ConvertReport, normalization_free
+from .extraction import graph_from_module
+from .modules import ACTIVATION_FUNCTIONS, NormalizedSum, TransformedActivation, activation_function, native_module
+
+__all__ = [
+    "graph_from_module",
+    "normalization_free",
+    "ConvertReport",
+    "apply",
+    "ApplyReport",
+    "ActivationChange",
+    "LayerChange",
+    "SumChange",
+    "TransformedActivation",
+    "NormalizedSum",
+    "activation_function",
+    "native_module",
+    "ACTIVATION_FUNCTIONS",
+]

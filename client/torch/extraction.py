@@ -1,0 +1,408 @@
+"""Graph extraction: a ``torch.nn.Module`` traced with ``torch.fx`` to a ``sigprop.graph/v1`` graph.
+
+:func:`graph_from_module` is the public entry; :func:`extract` also keeps what ``apply`` needs to
+rewrite the traced model: the ``torch.fx.GraphModule``, which fx node became which graph node, and
+what was treated as the identity.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+
+from ...schemas.errors import SigpropError
+from ...schemas.graph import Graph
+from ...schemas.shapes import infer_shapes
+from ...schemas.structure import check_structure, wire_structure
+from .modules import NormalizedSum, TransformedActivation
+from .ops import Unsupported, classify, describe
+
+__all__ = ["graph_from_module", "extract", "Entry", "Extraction"]
+
+_ID_BAD = re.compile(r"[^A-Za-z0-9_.:\-/\[\]]")
+_ID_MAX = 128
+
+
+class _Tracer(torch.fx.Tracer):
+    """Keeps sigprop's own modules as leaves, so an applied model can be extracted again."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if isinstance(m, (TransformedActivation, NormalizedSum)):
+            return True
+        return super().is_leaf_module(m, qualname)
+
+
+@dataclass
+class Entry:
+    node: torch.fx.Node
+    gid: str
+    op: str  # contract op
+    inputs: list  # data input fx nodes, in argument order
+    attrs: dict
+    desc: str  # what the torch node is, for messages
+    module: nn.Module | None = None
+    fn: str | None = None  # activation function of the original model
+    fn_params: dict = field(default_factory=dict)
+    unsupported: str | None = None  # why, when mapped to identity under allow_unsupported
+
+
+@dataclass
+class Extraction:
+    gm: torch.fx.GraphModule
+    graph: dict
+    entries: dict  # fx node -> Entry
+    value: dict  # fx node -> graph id of the value it computes
+    warnings: list[str]
+    traced_modules: set  # qualified names of modules called in forward
+
+
+def _clean_id(raw: str) -> str:
+    s = _ID_BAD.sub("_", raw) or "node"
+    if len(s) > _ID_MAX:
+        import hashlib
+
+        s = s[: _ID_MAX - 9] + "-" + hashlib.sha1(raw.encode()).hexdigest()[:8]
+    return s
+
+
+def _tensor_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+    meta = node.meta.get("tensor_meta")
+    if isinstance(meta, TensorMetadata):
+        return tuple(int(d) for d in meta.shape)
+    return None
+
+
+def _contract_shape(shape: tuple[int, ...]) -> list[int] | None:
+    """[B, F] -> [F]; [B, C, L] -> [C, L, 1] (1-d feature maps); [B, C, H, W] -> [C, H, W]."""
+    if len(shape) == 2:
+        return [shape[1]]
+    if len(shape) == 3:
+        return [shape[1], shape[2], 1]
+    if len(shape) == 4:
+        return list(shape[1:])
+    return None
+
+
+def _run_shape_prop(gm: torch.fx.GraphModule, example_input) -> None:
+    modes = {m: m.training for m in gm.modules()}
+    try:
+        gm.eval()  # no running-statistics updates, no dropout while we only look at shapes
+        with torch.no_grad():
+            ShapeProp(gm).propagate(example_input)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def _trace(model: nn.Module) -> torch.fx.GraphModule:
+    try:
+        # optional forward arguments (mask=None, ...) are traced at their defaults, so code like
+        # `if mask is not None:` takes the branch the default takes
+        params = list(inspect.signature(model.forward).parameters.values())
+        concrete = {
+            p.name: p.default
+            for p in params[1:]
+            if p.default is not inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
+    except (TypeError, ValueError):
+        concrete = {}
+    try:
+        tracer = _Tracer()
+        graph = tracer.trace(model, concrete_args=concrete or None)
+    except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError, ...
+        raise SigpropError(
+            "unsupported_op",
+            f"torch.fx could not trace {type(model).__name__}.forward: {exc}",
+            "make forward traceable (no Python control flow on tensor values), or write the graph by hand",
+        ) from exc
+    gm = torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm.train(model.training)
+    return gm
+
+
+class _Extractor:
+    """Walks a traced, shape-propagated GraphModule once, writing a graph node per data node."""
+
+    def __init__(self, gm: torch.fx.GraphModule, allow_unsupported: bool, keep_fn: bool, warn: bool):
+        self.gm, self.allow_unsupported, self.keep_fn, self.warn = gm, allow_unsupported, keep_fn, warn
+        self.shapes: dict = {}  # data nodes (tensor values computed from the input) -> torch shape
+        self.entries: dict = {}
+        self.value: dict = {}
+        self.nodes_out: list[dict] = []
+        self.used_ids: set[str] = set()
+        self.module_calls: dict[str, int] = {}
+        self.notes: list[str] = []
+        self.traced_modules: set[str] = set()
+        self.tuple_src: dict = {}  # multi-output (tuple) nodes -> their data inputs
+
+    def new_id(self, raw: str) -> str:
+        base = _clean_id(raw)
+        gid, k = base, 1
+        while gid in self.used_ids:
+            gid = f"{base}:{k}"
+            k += 1
+        self.used_ids.add(gid)
+        return gid
+
+    def data_args(self, node) -> list:
+        out: list = []
+
+        def visit(a):  # map_arg walks args and kwargs, nested lists, tuples and dicts included
+            if a in self.shapes:
+                out.append(a)
+            elif a in self.tuple_src:
+                out.extend(x for x in self.tuple_src[a] if x not in out)
+            return a
+
+        torch.fx.node.map_arg((node.args, node.kwargs), visit)
+        return out
+
+    def depends_on_data(self, node) -> bool:
+        found = []
+
+        def visit(a):
+            if a in self.shapes or a.meta.get("_sigprop_data"):
+                found.append(a)
+            return a
+
+        torch.fx.node.map_arg((node.args, node.kwargs), visit)
+        return bool(found)
+
+    def run(self, data_input: torch.fx.Node) -> dict:
+        """The graph, as a JSON-ready dict."""
+        out_node = None
+        for node in self.gm.graph.nodes:
+            if node.op == "call_module":
+                self.traced_modules.add(node.target)
+            if node.op == "placeholder" and node is not data_input:
+                continue  # an optional argument left at its default: not on the data path
+            if node.op == "placeholder":
+                self.add_input(node)
+            elif node.op == "output":
+                out_node = node
+            elif node.op != "get_attr" and self.depends_on_data(node):  # else a constant, off the data path
+                self.add_node(node)
+        self.add_output(out_node)
+        return {"schema": "sigprop.graph/v1", "nodes": self.nodes_out}
+
+    def add_input(self, node: torch.fx.Node) -> None:
+        shape = _tensor_shape(node)
+        gid = self.new_id(node.name)
+        self.shapes[node] = shape
+        self.value[node] = gid
+        cshape = _contract_shape(shape)
+        self.nodes_out.append({"id": gid, "op": "input", "shape": cshape})
+        self.entries[node] = Entry(node, gid, "input", [], {"shape": cshape}, f"input '{node.name}'")
+
+    def add_node(self, node: torch.fx.Node) -> None:
+        shape = _tensor_shape(node)
+        if shape is None:
+            # sizes, shapes, tuples: not a tensor on the data path (a tuple result is flagged where used)
+            node.meta["_sigprop_data"] = True
+            if isinstance(node.meta.get("tensor_meta"), (tuple, list)):
+                self.tuple_src[node] = self.data_args(node)
+            return
+        ins = self.data_args(node)
+        self.shapes[node] = shape
+        desc = describe(node, self.gm)
+        classified = self.classify(node, ins, shape, desc)
+        if classified is None:  # a tensor made from nothing on the data path: leave it out
+            del self.shapes[node]
+            return
+        op, attrs, extra, ins = classified
+        if node.op == "call_module":
+            k = self.module_calls.get(node.target, 0)
+            self.module_calls[node.target] = k + 1
+            raw = node.target if k == 0 else f"{node.target}:{k}"
+        else:
+            raw = node.name
+        gid = self.new_id(raw)
+        self.value[node] = gid
+        self.entries[node] = Entry(
+            node,
+            gid,
+            op,
+            ins,
+            attrs,
+            desc,
+            module=extra.get("module"),
+            fn=extra.get("fn"),
+            fn_params=extra.get("fn_params", {}),
+            unsupported=extra.get("unsupported"),
+        )
+        wire = {"id": gid, "op": op, "inputs": [self.value[a] for a in ins]}
+        if op == "activation":
+            if self.keep_fn:
+                wire["fn"] = attrs["fn"]
+        else:
+            wire.update(attrs)
+        if op == "sum" and "weights" not in attrs:
+            wire["weights"] = [1.0 / math.sqrt(len(ins))] * len(ins)
+        self.nodes_out.append(wire)
+
+    def classify(self, node: torch.fx.Node, ins: list, shape, desc: str) -> tuple[str, dict, dict, list] | None:
+        """(op, attrs, extra, inputs) of a data node; under ``allow_unsupported`` an op the graph
+        cannot express becomes the identity of its first input (None when it has no input)."""
+        tuple_args = [a for a in node.all_input_nodes if a in self.tuple_src]
+        try:
+            if tuple_args:
+                raise Unsupported(
+                    f"it takes part of the multi-output result of '{tuple_args[0].name}' "
+                    f"({describe(tuple_args[0], self.gm)})"
+                )
+            if not ins:
+                raise Unsupported("it has no input from the network")
+            return (*classify(node, self.gm, ins, self.shapes), ins)
+        except Unsupported as exc:
+            name = _clean_id(node.target if node.op == "call_module" else node.name)
+            if not self.allow_unsupported:
+                raise SigpropError(
+                    "unsupported_op", f"node '{name}' ({desc}) is not supported: {exc.why}", exc.hint
+                ) from None
+            msg = f"node '{name}' ({desc}) is not supported ({exc.why}); treated as the identity"
+            if len(ins) > 1:
+                msg += f" of its first input (dropped inputs: {', '.join(a.name for a in ins[1:])})"
+            if ins and self.shapes[ins[0]] != shape:
+                msg += (
+                    f"; it changes the shape {list(self.shapes[ins[0]])} -> {list(shape)}, which the graph does not see"
+                )
+            self.notes.append(msg)
+            if self.warn:
+                warnings.warn(msg, stacklevel=6)  # the caller of graph_from_module
+            return ("identity", {}, {"unsupported": exc.why}, ins[:1]) if ins else None
+
+    def add_output(self, out_node: torch.fx.Node | None) -> None:
+        result = out_node.args[0] if out_node is not None and out_node.args else None
+        if not isinstance(result, torch.fx.Node) or result not in self.shapes:
+            got = "several values" if isinstance(result, (tuple, list, dict)) else "no tensor computed from the input"
+            raise SigpropError(
+                "unsupported_op",
+                f"forward returns {got}",
+                "the graph has exactly one output: return one tensor (merge heads with a concat or sum)",
+            )
+        gid = self.new_id(out_node.name)
+        self.nodes_out.append({"id": gid, "op": "output", "inputs": [self.value[result]]})
+        self.entries[out_node] = Entry(out_node, gid, "output", [result], {}, "output")
+        self.value[out_node] = gid
+
+
+def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: bool, warn: bool = True) -> Extraction:
+    """The model's graph and what apply needs to rewrite the traced model (see :class:`Extraction`)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(example_input, torch.Tensor):
+        raise TypeError("example_input must be one batched tensor, e.g. torch.randn(8, 784)")
+    if example_input.dim() not in (2, 3, 4):
+        raise SigpropError(
+            "invalid_graph",
+            f"example_input has shape {list(example_input.shape)}",
+            "give a batched input: [batch, features], [batch, channels, length] or [batch, channels, height, width]",
+        )
+    gm = _trace(model)
+    # forward's first argument is the network input; further arguments must have defaults
+    # (e.g. mask=None) and are left at them
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    required = [n for n in placeholders if not n.args]
+    if not placeholders or len(required) > 1 or (required and required[0] is not placeholders[0]):
+        raise SigpropError(
+            "unsupported_op",
+            f"forward takes {len(required)} required inputs ({', '.join(n.name for n in required)})",
+            "the graph has one input: wrap the model so forward takes one tensor",
+        )
+    _run_shape_prop(gm, example_input)
+    walker = _Extractor(gm, allow_unsupported, keep_fn, warn)
+    graph = walker.run(placeholders[0])
+    _check_graph(graph, walker.entries)
+    return Extraction(gm, graph, walker.entries, walker.value, walker.notes, walker.traced_modules)
+
+
+def _check_graph(graph: dict, entries: dict) -> None:
+    """Validate by the contract's graph rules and check each layer's fan-in against the module."""
+    try:
+        shapes = infer_shapes(Graph.model_validate(graph))
+    except SigpropError as exc:
+        raise SigpropError(
+            exc.code,
+            f"the graph extracted from the model is not valid: {exc.message}",
+            exc.hint or "check the ops the message names",
+        ) from None
+    inputs = {nd["id"]: nd.get("inputs", []) for nd in graph["nodes"]}
+    for e in entries.values():
+        if e.op not in ("dense", "conv") or e.gid not in shapes:
+            continue
+        fan_in = shapes[inputs[e.gid][0]][0]
+        want = e.module.in_features if e.op == "dense" else e.module.in_channels
+        if fan_in != want:
+            raise SigpropError(
+                "unsupported_op",
+                f"node '{e.gid}' ({e.desc}) expects {want} input features but the graph gives it "
+                f"{fan_in}: something before it changes shapes in a way the graph does not see",
+                "check the nodes treated as the identity (allow_unsupported) before this layer",
+            )
+
+
+def graph_from_module(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    *,
+    allow_unsupported: bool = False,
+    keep_fn: bool = False,
+    assumptions: str = "strict",
+) -> dict:
+    """The ``sigprop.graph/v1`` graph of ``model`` (a JSON-ready dict), traced with ``torch.fx``.
+
+    Maps ``nn.Linear`` to ``dense``; ``nn.Conv2d`` to ``conv`` and ``nn.Conv1d`` to ``conv`` on a
+    ``[channels, length, 1]`` map (kernel ``[k, 1]``); activation modules and calls (ReLU,
+    LeakyReLU, Tanh, Sigmoid, Softplus, GELU, SiLU, ELU, SELU, Softsign; ``F.relu``, ``torch.tanh``,
+    ``x.relu()``, ...) to ``activation``; an add of two tensors (``+``, ``+=``, ``torch.add``) to a
+    ``sum`` with equal weights ``1/sqrt(2)`` (``apply`` makes the add compute exactly that normalized
+    sum); ``torch.cat(..., dim=1)`` to ``concat``; max/avg pooling to ``max_pool``/``avg_pool``,
+    adaptive average pooling to 1 and a spatial mean to ``global_avg_pool``; flatten/view/reshape to
+    ``[batch, features]`` to ``flatten``; dropout to ``dropout``; ``nn.Identity`` to ``identity``; the
+    input to ``input`` with ``shape = example_input.shape[1:]`` (``[C, L, 1]`` for a 1-d input).
+
+    Activation nodes carry no ``fn`` unless ``keep_fn=True``: a solve replaces every activation with
+    the request's (transformed) activation, and a ``fn`` naming the model's own function (``relu``)
+    would make the service solve that function instead. That is why ``keep_fn`` stays off by
+    default: the usual request replaces the model's function (a ReLU model solved as TAT's
+    ``leaky_relu``, or as a smooth function), and with the model's ``relu`` on every node that
+    request would solve ReLU, which TAT refuses, and change every cached key. A model that mixes
+    functions gets a warning without ``keep_fn``; with ``keep_fn=True`` each node keeps its function,
+    the answer carries one parameter set per function (``activations``), and ``apply`` puts each on
+    the modules computing it.
+
+    Anything else (normalization layers, attention, multiplications, constants added to the data)
+    raises ``SigpropError("unsupported_op")`` naming the node; with ``allow_unsupported=True`` such
+    a node becomes an ``identity`` node and a warning says so.
+
+    The graph is checked against the kernel theory's assumptions with the service's own rules
+    (``sigprop.schemas.structure``): a post-activation residual block (torchvision's ResNet), an
+    activation on a shortcut or two activations in a row raise ``SigpropError("unsupported_structure")``
+    naming the nodes, as ``POST /v1/solve`` would; ``assumptions="warn"`` returns the graph with a
+    warning instead (send the same ``assumptions`` with the solve). ``normalization_free(model,
+    preactivation=True)`` rewrites torchvision-style ResNets into the covered pre-activation layout.
+    """
+    if assumptions not in ("strict", "warn"):
+        raise ValueError("assumptions must be 'strict' or 'warn'")
+    ext = extract(model, example_input, allow_unsupported, keep_fn)
+    graph = ext.graph
+    own = sorted({e.fn for e in ext.entries.values() if e.op == "activation" and e.fn})
+    if len(own) > 1 and not keep_fn:
+        warnings.warn(
+            f"the model uses several activation functions ({', '.join(own)}); without keep_fn=True the "
+            "graph names none, so a solve transforms every activation as the request's one function. "
+            "Pass keep_fn=True to solve each function with its own parameters",
+            stacklevel=2,
+        )
+    ids, report = wire_structure(Graph.model_validate(graph))
+    for note in check_structure(ids, report, assumptions):
+        warnings.warn(note, stacklevel=2)
+    return graph

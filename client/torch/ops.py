@@ -1,0 +1,393 @@
+"""What each traced torch op is in the contract's graph: its op and attributes, or why it has none.
+
+:func:`classify` maps one node of a ``torch.fx`` trace (a module call, a function or a method
+call) to a ``sigprop.graph/v1`` op with its attributes, or raises :class:`Unsupported` with the
+reason and a hint.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from .modules import ACT_MODULES, NormalizedSum, TransformedActivation
+
+__all__ = ["Unsupported", "classify", "describe"]
+
+_ACT_FUNCTIONS: dict[Any, str] = {
+    F.relu: "relu",
+    torch.relu: "relu",
+    F.relu_: "relu",
+    torch.relu_: "relu",
+    F.leaky_relu: "leaky_relu",
+    F.leaky_relu_: "leaky_relu",
+    torch.tanh: "tanh",
+    F.tanh: "tanh",
+    torch.sigmoid: "sigmoid",
+    F.sigmoid: "sigmoid",
+    F.softplus: "softplus",
+    F.silu: "swish",
+    F.elu: "elu",
+    F.elu_: "elu",
+    F.selu: "selu",
+    torch.selu: "selu",
+    F.softsign: "softsign",
+    torch.erf: "erf",
+    torch.special.erf: "erf",
+    torch.atan: "atan",
+    torch.asinh: "asinh",
+    F.gelu: "gelu",
+}
+_ACT_METHODS = {
+    "relu": "relu",
+    "relu_": "relu",
+    "tanh": "tanh",
+    "tanh_": "tanh",
+    "sigmoid": "sigmoid",
+    "sigmoid_": "sigmoid",
+    "erf": "erf",
+    "erf_": "erf",
+    "atan": "atan",
+    "asinh": "asinh",
+}
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
+_ADD_METHODS = {"add", "add_"}
+_CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}
+_FLATTEN_FUNCTIONS = {torch.flatten, torch.reshape}
+_FLATTEN_METHODS = {"flatten", "view", "reshape"}
+_IDENTITY_METHODS = {"contiguous", "clone", "detach", "float", "to", "type_as"}
+_IDENTITY_FUNCTIONS = {torch.clone}
+_DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+_DROPOUT_FUNCTIONS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, torch.dropout}
+_POOL_MODULES = {nn.MaxPool1d: "max_pool", nn.MaxPool2d: "max_pool", nn.AvgPool1d: "avg_pool", nn.AvgPool2d: "avg_pool"}
+_POOL_FUNCTIONS = {
+    F.max_pool1d: "max_pool",
+    F.max_pool2d: "max_pool",
+    F.avg_pool1d: "avg_pool",
+    F.avg_pool2d: "avg_pool",
+}
+_ADAPTIVE_FUNCTIONS = {F.adaptive_avg_pool1d, F.adaptive_avg_pool2d}
+_MEAN = {torch.mean}
+
+_UNSUPPORTED_HINT = (
+    "the graph covers dense and conv layers, activations, sums, channel concatenations, pooling, "
+    "flatten, dropout and identity: replace or remove the op, write the graph by hand, or pass "
+    "allow_unsupported=True to treat it as the identity (the answer then ignores what it does)"
+)
+_NORM_HINT = (
+    "TAT and DKS networks are normalization-free: remove it (the answer's initialization and transformed "
+    "activations do its job), or pass allow_unsupported=True to treat it as the identity (the answer then "
+    "ignores what it does)"
+)
+_NORM_MODULES = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.LocalResponseNorm,
+    nn.RMSNorm,
+)
+
+
+def _pair(v, one_d: bool) -> list[int]:
+    if isinstance(v, (tuple, list)):
+        v = [int(x) for x in v]
+        return [v[0], 1] if one_d else (v * 2 if len(v) == 1 else v[:2])
+    return [int(v), 1] if one_d else [int(v), int(v)]
+
+
+def _arg(node: torch.fx.Node, index: int, name: str, default=None):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+class Unsupported(Exception):
+    """An op the graph cannot express: ``why`` says what it is, ``hint`` what to do."""
+
+    def __init__(self, why: str, hint: str = _UNSUPPORTED_HINT):
+        super().__init__(why)
+        self.why = why
+        self.hint = hint
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, str):
+        return t
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__name__", repr(t))
+    return f"{mod}.{name}" if mod and not mod.startswith("_operator") else name
+
+
+def describe(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    if node.op == "call_module":
+        return f"{type(gm.get_submodule(node.target)).__name__} module '{node.target}'"
+    if node.op == "call_method":
+        return f"Tensor.{node.target}() call '{node.name}'"
+    if node.op == "call_function":
+        return f"{_target_name(node)}() call '{node.name}'"
+    return f"{node.op} '{node.name}'"
+
+
+def _conv_attrs(m: nn.Module, in_shape, out_shape) -> dict:
+    one_d = isinstance(m, nn.Conv1d)
+    if m.groups != 1:
+        raise Unsupported(
+            f"grouped convolution (groups={m.groups})", "the kernel analysis covers dense convolutions only (groups=1)"
+        )
+    if any(int(d) != 1 for d in m.dilation):
+        raise Unsupported(f"dilated convolution (dilation={tuple(m.dilation)})", "use dilation=1")
+    kernel = _pair(m.kernel_size, one_d)
+    stride = _pair(m.stride, one_d)
+    if isinstance(m.padding, str):
+        padding = m.padding
+    else:
+        pad = [int(p) for p in m.padding]
+        half = [(k - 1) // 2 for k in kernel[: len(pad)]]
+        odd = all(k % 2 == 1 for k in kernel[: len(pad)])
+        if all(p == 0 for p in pad):
+            padding = "valid"
+        elif odd and pad == half:
+            padding = "same"  # same output size as the contract's 'same' for odd kernels, any stride
+        elif not one_d and len(set(pad)) == 1:
+            padding = pad[0]
+        else:
+            raise Unsupported(
+                f"convolution padding {tuple(pad)} with kernel {tuple(kernel[: len(pad)])}",
+                "the graph's padding is 'same', 'valid' or one integer for both axes; for Conv1d use "
+                "padding 0 or (kernel - 1) // 2 with an odd kernel",
+            )
+    return {
+        "channels": int(m.out_channels),
+        "kernel": kernel,
+        "stride": stride,
+        "padding": padding,
+        "bias": m.bias is not None,
+    }
+
+
+def _pool_attrs(kernel, stride, padding, dilation, ceil_mode, one_d: bool, what: str) -> dict:
+    pads = [int(p) for p in (padding if isinstance(padding, (tuple, list)) else [padding])]
+    if len(set(pads)) > 1 or (one_d and len(pads) > 1):
+        raise Unsupported(f"{what} with padding {padding}", "the graph's pooling pads every side alike: one integer")
+    dils = dilation if isinstance(dilation, (tuple, list)) else [dilation]
+    if any(int(d) != 1 for d in dils):
+        raise Unsupported(f"{what} with dilation {dilation}", "use dilation=1")
+    if ceil_mode:
+        raise Unsupported(f"{what} with ceil_mode=True", "use ceil_mode=False")
+    k = _pair(kernel, one_d)
+    s = _pair(stride if stride not in (None, [], ()) else kernel, one_d)
+    if one_d and pads[0]:
+        raise Unsupported(f"{what} with padding {padding}", "1-d pooling runs on a [C, L, 1] map: use padding=0")
+    return {"kernel": k, "stride": s, **({"padding": pads[0]} if pads[0] else {})}
+
+
+def _adaptive(out_size, in_shape, one_d: bool) -> tuple[str, dict]:
+    sizes = out_size if isinstance(out_size, (tuple, list)) else [out_size] * (1 if one_d else 2)
+    spatial = list(in_shape[2:])
+    sizes = [spatial[i] if s is None else int(s) for i, s in enumerate(sizes)]
+    if all(s == 1 for s in sizes):
+        return "global_avg_pool", {}
+    if all(h % s == 0 for h, s in zip(spatial, sizes, strict=False)):
+        k = [h // s for h, s in zip(spatial, sizes, strict=False)]
+        k = [k[0], 1] if one_d else k
+        return "avg_pool", {"kernel": k, "stride": list(k)}
+    raise Unsupported(
+        f"adaptive average pooling to {tuple(sizes)} from {tuple(spatial)}",
+        "use an output size that divides the input size, or 1 (global average pooling)",
+    )
+
+
+def _flatten_like(in_shape, out_shape) -> tuple[str, dict]:
+    if in_shape == out_shape:
+        return "identity", {}
+    if (
+        len(out_shape) == 2
+        and len(in_shape) >= 2
+        and out_shape[0] == in_shape[0]
+        and out_shape[1] == math.prod(in_shape[1:])
+    ):
+        return "flatten", {}
+    raise Unsupported(
+        f"reshape from {list(in_shape)} to {list(out_shape)}",
+        "only flattening all but the batch dimension is covered ([B, ...] -> [B, features])",
+    )
+
+
+def _act(extra: dict, fn: str, **params) -> tuple[str, dict]:
+    extra["fn"] = fn
+    extra["fn_params"] = {k: float(v) for k, v in params.items() if v is not None}
+    return "activation", {"fn": fn}
+
+
+def classify(node: torch.fx.Node, gm: torch.fx.GraphModule, data_in: list, shapes: dict) -> tuple[str, dict, dict]:
+    """(contract op, attributes, extra) of one data node; raises :class:`Unsupported`.
+
+    ``extra`` carries what apply needs later: the called ``module``, and for activations the
+    model's own function ``fn`` with its parameters ``fn_params``."""
+    extra: dict = {}
+    out_shape = shapes[node]
+    in_shape = shapes[data_in[0]] if data_in else None
+    if node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        extra["module"] = m
+        op, attrs = _classify_module(m, in_shape, out_shape, extra)
+    else:
+        op, attrs = _classify_call(node, data_in, shapes, extra)
+    return op, attrs, extra
+
+
+def _classify_module(m: nn.Module, in_shape, out_shape, extra: dict) -> tuple[str, dict]:
+    if isinstance(m, TransformedActivation):
+        return _act(extra, m.name, **m.params)
+    if isinstance(m, NormalizedSum):
+        if m.beta is not None:
+            raise Unsupported(
+                "a residual-beta sum x + beta/sqrt(L) F(x) is not a normalized sum",
+                "extract the graph from the model before apply()",
+            )
+        return "sum", {"weights": list(m.weights)}
+    if isinstance(m, nn.Linear):
+        if len(in_shape) != 2:
+            raise Unsupported(
+                f"Linear applied to a tensor of shape {list(in_shape)}",
+                "the graph's dense layers take [batch, features]; flatten first",
+            )
+        return "dense", {"units": int(m.out_features), "bias": m.bias is not None}
+    if isinstance(m, (nn.Conv1d, nn.Conv2d)) and type(m) in (nn.Conv1d, nn.Conv2d):
+        return "conv", _conv_attrs(m, in_shape, out_shape)
+    if type(m) in ACT_MODULES:
+        if isinstance(m, nn.Softplus) and float(m.beta) != 1.0:
+            raise Unsupported(f"Softplus with beta={m.beta}", "use beta=1 (the engine's softplus)")
+        return _act(
+            extra,
+            ACT_MODULES[type(m)],
+            negative_slope=getattr(m, "negative_slope", None),
+            alpha=getattr(m, "alpha", None) if isinstance(m, nn.ELU) else None,
+        )
+    if type(m) is nn.GELU:
+        return _act(extra, "gelu_tanh" if m.approximate == "tanh" else "gelu")
+    if isinstance(m, _DROPOUT_MODULES):
+        return "dropout", {"rate": float(m.p)}
+    if type(m) is nn.Identity:
+        return "identity", {}
+    if type(m) is nn.Flatten:
+        return _flatten_like(in_shape, out_shape)
+    if type(m) in _POOL_MODULES:
+        one_d = type(m) in (nn.MaxPool1d, nn.AvgPool1d)
+        return _POOL_MODULES[type(m)], _pool_attrs(
+            m.kernel_size, m.stride, m.padding, getattr(m, "dilation", 1), m.ceil_mode, one_d, type(m).__name__
+        )
+    if type(m) in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d):
+        return _adaptive(m.output_size, in_shape, type(m) is nn.AdaptiveAvgPool1d)
+    if isinstance(m, _NORM_MODULES):
+        raise Unsupported(
+            f"{type(m).__name__} is a normalization layer, which the Q/C map analysis does not model", _NORM_HINT
+        )
+    if isinstance(m, nn.MultiheadAttention):
+        raise Unsupported("attention is not covered by the Q/C map analysis")
+    raise Unsupported(f"{type(m).__name__} is not an op of the sigprop graph")
+
+
+def _add(node: torch.fx.Node, data_in: list, shapes: dict) -> tuple[str, dict]:
+    alpha = node.kwargs.get("alpha", 1)
+    if len(data_in) != 2 or any(not isinstance(a, torch.fx.Node) for a in node.args[:2]):
+        raise Unsupported(
+            "an add of a tensor and a constant (a bias shift)",
+            "only sums of two network tensors map to a normalized 'sum' node",
+        )
+    if alpha != 1:
+        raise Unsupported(f"torch.add with alpha={alpha}", "use a plain a + b")
+    if shapes[data_in[0]] != shapes[data_in[1]]:
+        raise Unsupported(
+            f"an add that broadcasts {list(shapes[data_in[0]])} and {list(shapes[data_in[1]])}",
+            "the graph's sums add tensors of one shape",
+        )
+    return "sum", {}
+
+
+def _activation_call(node: torch.fx.Node, fn: str, extra: dict) -> tuple[str, dict]:
+    """An activation function or method; the model's own parameters go to ``extra``."""
+    if fn == "gelu":
+        return _act(extra, "gelu_tanh" if _arg(node, 1, "approximate", "none") == "tanh" else "gelu")
+    if fn == "leaky_relu":
+        return _act(extra, fn, negative_slope=_arg(node, 1, "negative_slope", 0.01))
+    if fn == "elu":
+        return _act(extra, fn, alpha=_arg(node, 1, "alpha", 1.0))
+    if fn == "softplus":
+        beta = _arg(node, 1, "beta", 1.0)
+        if float(beta) != 1.0:
+            raise Unsupported(f"softplus with beta={beta}", "use beta=1 (the engine's softplus)")
+    return _act(extra, fn)
+
+
+def _global_mean(node: torch.fx.Node, in_shape) -> tuple[str, dict]:
+    dims = _arg(node, 1, "dim")
+    rank = len(in_shape)
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    if rank in (3, 4) and sorted(int(d) % rank for d in dims) == list(range(2, rank)):
+        return "global_avg_pool", {}
+    raise Unsupported(
+        f"a mean over dims {dims} of a rank-{rank} tensor",
+        "only a mean over all spatial dims (global average pooling) is covered",
+    )
+
+
+def _concat(node: torch.fx.Node, shapes: dict) -> tuple[str, dict]:
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = _arg(node, 1, "dim", 0)
+    if dim is None or (int(dim) % len(shapes[node])) != 1:
+        raise Unsupported(f"concatenation along dim {dim}", "the graph concatenates channels/features (dim=1)")
+    if any(not isinstance(t, torch.fx.Node) or t not in shapes for t in tensors):
+        raise Unsupported("a concatenation with a constant tensor", "concatenate network tensors only")
+    return "concat", {}
+
+
+def _pool_call(node: torch.fx.Node) -> tuple[str, dict]:
+    target = node.target
+    one_d = target in (F.max_pool1d, F.avg_pool1d)
+    kernel, stride, padding = _arg(node, 1, "kernel_size"), _arg(node, 2, "stride"), _arg(node, 3, "padding", 0)
+    if target in (F.max_pool1d, F.max_pool2d):
+        dilation, ceil_mode = _arg(node, 4, "dilation", 1), _arg(node, 5, "ceil_mode", False)
+    else:
+        dilation, ceil_mode = 1, _arg(node, 4, "ceil_mode", False)
+    return _POOL_FUNCTIONS[target], _pool_attrs(kernel, stride, padding, dilation, ceil_mode, one_d, _target_name(node))
+
+
+def _classify_call(node: torch.fx.Node, data_in: list, shapes: dict, extra: dict) -> tuple[str, dict]:
+    target, method = node.target, node.op == "call_method"
+    out_shape = shapes[node]
+    in_shape = shapes[data_in[0]] if data_in else None
+    adds, acts, flattens, identities = (
+        (_ADD_METHODS, _ACT_METHODS, _FLATTEN_METHODS, _IDENTITY_METHODS)
+        if method
+        else (_ADD_FUNCTIONS, _ACT_FUNCTIONS, _FLATTEN_FUNCTIONS, _IDENTITY_FUNCTIONS)
+    )
+    if target in adds:
+        return _add(node, data_in, shapes)
+    if target in acts:
+        return _activation_call(node, acts[target], extra)
+    if target in flattens:
+        return _flatten_like(in_shape, out_shape)
+    if target in identities:
+        if in_shape != out_shape:
+            raise Unsupported(f"{target} changes the shape")
+        return "identity", {}
+    if (method and target == "mean") or (not method and target in _MEAN):
+        return _global_mean(node, in_shape)
+    if not method and target in _CAT_FUNCTIONS:
+        return _concat(node, shapes)
+    if not method and target in _DROPOUT_FUNCTIONS:
+        return "dropout", {"rate": float(_arg(node, 1, "p", 0.5))}
+    if not method and target in _POOL_FUNCTIONS:
+        return _pool_call(node)
+    if not method and target in _ADAPTIVE_FUNCTIONS:
+        return _adaptive(_arg(node, 1, "output_size"), in_shape, target is F.adaptive_avg_pool1d)
+    raise Unsupported("it is not an op of the sigprop graph")
