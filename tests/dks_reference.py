@@ -43,8 +43,10 @@ def load_modified_resnet():
 
 def mlp_subnet_max_func(depth: int):
     """The M_{f,r} a dks user writes for an MLP: r applied depth times."""
+
     def smf(x, r_fn):
         for _ in range(depth):
             x = r_fn(x)
         return x
+
     return smf

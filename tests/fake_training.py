@@ -1,5 +1,6 @@
-"""A stand-in for ``sigprop.worker.training.run_validation`` that the validation tests select with
-``SIGPROP_VALIDATION_FUNCTION=tests.fake_training:run`` (set only by tests).
+"""A stand-in for ``sigprop.worker.training.run_validation`` that the validation tests patch in as
+``sigprop.worker.job.train`` (``tests/inprocess.py`` in this process, ``tests/fake_sigprop.py`` in
+the ``sigprop serve`` and ``sigprop worker`` processes they start).
 
 It has the real function's signature and contract (progress callbacks, polling ``cancelled()``,
 raising when cancelled, returning a JSON-able dict) but trains nothing: each step sleeps
@@ -29,8 +30,11 @@ def run(request: dict, graph_dict: dict, solution, *, progress, cancelled, devic
     if mode == "rejected":
         from sigprop.errors import SigpropError
 
-        raise SigpropError("invalid_request", f"dataset: {request['dataset']} does not exist on this worker",
-                           "give an .npz path that exists on the worker")
+        raise SigpropError(
+            "invalid_request",
+            f"dataset: {request['dataset']} does not exist on this worker",
+            "give an .npz path that exists on the worker",
+        )
     for step in range(1, total + 1):
         if mode != "stubborn" and cancelled():
             raise Cancelled(f"cancelled at step {step}")
@@ -48,3 +52,26 @@ def run(request: dict, graph_dict: dict, solution, *, progress, cancelled, devic
         "device": device,
         "pid": os.getpid(),
     }
+
+
+FAKE_DATASETS = ("crash.npz", "stubborn.npz", "rejected.npz")
+
+
+def write_fake_datasets(folder) -> str:
+    """Tiny valid .npz files named after the behaviours above in ``folder`` (created), for a server
+    whose ``SIGPROP_DATASETS_DIR`` is ``folder``: the API accepts them, this fake acts on the name."""
+    import pathlib
+
+    import numpy as np
+
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in FAKE_DATASETS:
+        np.savez(
+            folder / name,
+            x_train=np.zeros((4, 8), np.float32),
+            y_train=np.array([0, 1, 0, 1]),
+            x_test=np.zeros((2, 8), np.float32),
+            y_test=np.array([0, 1]),
+        )
+    return str(folder)

@@ -25,8 +25,9 @@ import httpx
 import pytest
 
 LOOPBACK = "127.0.0.1"
-# The shared Redis the issue names, with a database of its own for these tests.
-SHARED_REDIS_URL = "redis://127.0.0.1:6379/14"
+# The machine's shared Redis, with a database of its own for these tests (SIGPROP_TEST_REDIS_URL
+# picks another, so two checkouts can run their suites at once without flushing each other).
+SHARED_REDIS_URL = os.environ.get("SIGPROP_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 SERVER_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
@@ -35,6 +36,7 @@ _CACHED = re.compile(r'"cached":(true|false)')
 
 
 # -- small utilities ----------------------------------------------------------------------------
+
 
 def free_port() -> int:
     """A TCP port on the loopback interface that nothing listens on right now."""
@@ -54,7 +56,9 @@ def strip_cached(body: str | bytes) -> str:
 def assert_error(response: httpx.Response, status: int, code: str) -> dict:
     """The contract's error shape: exactly {"error": {"code", "message", "hint"}}, strings, no 5xx."""
     assert response.status_code < 500, f"5xx for a rejected request: {response.status_code} {response.text[:500]}"
-    assert response.status_code == status, f"expected {status} {code}, got {response.status_code}: {response.text[:500]}"
+    assert response.status_code == status, (
+        f"expected {status} {code}, got {response.status_code}: {response.text[:500]}"
+    )
     assert response.headers["content-type"].startswith("application/json"), response.headers["content-type"]
     body = response.json()
     assert set(body) == {"error"}, body
@@ -97,11 +101,11 @@ def _tail(path: Path, n: int = 4000) -> str:
 
 # -- the sigprop service ------------------------------------------------------------------------
 
+
 def service_env(overrides: dict[str, str | None]) -> dict[str, str]:
     """The environment for a server: ours minus any SIGPROP_* / multiprocess-metrics settings, plus
     ``overrides`` (a value of None removes the variable)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SIGPROP_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGPROP_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     for k, v in overrides.items():
@@ -153,8 +157,9 @@ def _wait_http(svc: Service, path: str, timeout_s: float) -> float:
     with httpx.Client(base_url=svc.base_url, timeout=2.0) as c:
         while True:
             if svc.proc.poll() is not None:
-                raise RuntimeError(f"sigprop serve exited with {svc.proc.returncode} before {path} answered 200:\n"
-                                   f"{svc.log()}")
+                raise RuntimeError(
+                    f"sigprop serve exited with {svc.proc.returncode} before {path} answered 200:\n{svc.log()}"
+                )
             try:
                 r = c.get(path)
                 if r.status_code == 200:
@@ -167,23 +172,46 @@ def _wait_http(svc: Service, path: str, timeout_s: float) -> float:
             time.sleep(0.05)
 
 
-def start_service(tmp_dir: Path, env: dict[str, str | None], workers: int = 1, ready: bool = True,
-                  timeout_s: float = SERVER_START_TIMEOUT_S, attempts: int = 3) -> Service:
+def start_service(
+    tmp_dir: Path,
+    env: dict[str, str | None],
+    workers: int = 1,
+    ready: bool = True,
+    timeout_s: float = SERVER_START_TIMEOUT_S,
+    attempts: int = 3,
+    cli: str = "sigprop.cli",
+) -> Service:
     """Start ``python -m sigprop.cli serve`` on a free loopback port and wait for /healthz (and
-    /readyz when ``ready``). ``env`` overrides go on top of a SIGPROP_*-free copy of ours.
+    /readyz when ``ready``). ``env`` overrides go on top of a SIGPROP_*-free copy of ours; ``cli``
+    is the module run (``tests.fake_sigprop``: the same command with the sleep-only trainer).
     A start that loses its port to another process (the port is picked before the bind) is retried."""
     tmp_dir.mkdir(parents=True, exist_ok=True)
     full_env = service_env(env)
     last_error: Exception | None = None
-    for attempt in range(attempts):
+    for _attempt in range(attempts):
         port = free_port()
         log_path = tmp_dir / f"sigprop-serve-{port}.log"
         log = open(log_path, "wb")
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sigprop.cli", "serve", "--host", LOOPBACK, "--port", str(port),
-                 "--workers", str(workers)],
-                env=full_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    cli,
+                    "serve",
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(port),
+                    "--workers",
+                    str(workers),
+                ],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             log.close()
         svc = Service(proc, port, log_path, full_env, workers)
@@ -202,6 +230,7 @@ def start_service(tmp_dir: Path, env: dict[str, str | None], workers: int = 1, r
 
 
 # -- Redis --------------------------------------------------------------------------------------
+
 
 def shared_redis_or_skip(url: str = SHARED_REDIS_URL):
     """A client for the shared Redis database the tests use, or skip the test if there is no Redis."""
@@ -267,9 +296,27 @@ def start_redis(workdir: Path, port: int | None = None, timeout_s: float = 10.0,
     log = open(log_path, "ab")
     try:
         proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", LOOPBACK, "--save", "", *durability,
-             "--dir", str(workdir), "--daemonize", "no", "--logfile", ""],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                exe,
+                "--port",
+                str(port),
+                "--bind",
+                LOOPBACK,
+                "--save",
+                "",
+                *durability,
+                "--dir",
+                str(workdir),
+                "--daemonize",
+                "no",
+                "--logfile",
+                "",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
     server = RedisServer(proc, port, workdir, log_path)
@@ -283,6 +330,7 @@ def start_redis(workdir: Path, port: int | None = None, timeout_s: float = 10.0,
 
 
 # -- metrics ------------------------------------------------------------------------------------
+
 
 def metric_value(metrics_text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
     """The value of one sample in Prometheus text format, or None if absent (labels must match exactly)."""

@@ -88,8 +88,7 @@ def _ref(name, x):
         "swish": lambda: x / (1.0 + e(-x)),
         "silu": lambda: x / (1.0 + e(-x)),
         "gelu": lambda: 0.5 * x * (1.0 + math.erf(x / _SQ2)),
-        "gelu_tanh": lambda: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi)
-                                                        * (x + 0.044715 * x**3))),
+        "gelu_tanh": lambda: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
         "elu": lambda: x if x > 0 else e(x) - 1.0,
         "selu": lambda: SELU_LAMBDA * (x if x > 0 else SELU_ALPHA * (e(x) - 1.0)),
         "relu": lambda: max(x, 0.0),
@@ -142,41 +141,34 @@ def test_spot_values():
 def test_sparsifying_definitions_paper_eqs_7_to_10():
     x = np.array([-3.0, -1.9, -1.2, -0.5, 0.0, 0.5, 1.2, 1.9, 3.0])
     tau, m = 0.7, 1.0
+    np.testing.assert_array_equal(get_activation("relu_tau", tau=tau).fn(x), np.where(x > tau, x - tau, 0.0))
     np.testing.assert_array_equal(
-        get_activation("relu_tau", tau=tau).fn(x), np.where(x > tau, x - tau, 0.0))
+        get_activation("soft_threshold", tau=tau).fn(x), np.where(np.abs(x) > tau, x - np.sign(x) * tau, 0.0)
+    )
     np.testing.assert_array_equal(
-        get_activation("soft_threshold", tau=tau).fn(x),
-        np.where(np.abs(x) > tau, x - np.sign(x) * tau, 0.0))
-    np.testing.assert_array_equal(
-        get_activation("crelu", tau=tau, m=m).fn(x),
-        np.where(x < tau, 0.0, np.where(x < tau + m, x - tau, m)))
+        get_activation("crelu", tau=tau, m=m).fn(x), np.where(x < tau, 0.0, np.where(x < tau + m, x - tau, m))
+    )
     np.testing.assert_array_equal(
         get_activation("cst", tau=tau, m=m).fn(x),
-        np.where(np.abs(x) < tau, 0.0,
-                 np.where(np.abs(x) < tau + m, x - np.sign(x) * tau, np.sign(x) * m)))
-    np.testing.assert_array_equal(
-        get_activation("cst", tau=tau, m=m).d1(x), [0, 0, 1, 0, 0, 0, 1, 0, 0])
-    np.testing.assert_array_equal(
-        get_activation("crelu", tau=tau, m=m).d1(x), [0, 0, 0, 0, 0, 0, 1, 0, 0])
+        np.where(np.abs(x) < tau, 0.0, np.where(np.abs(x) < tau + m, x - np.sign(x) * tau, np.sign(x) * m)),
+    )
+    np.testing.assert_array_equal(get_activation("cst", tau=tau, m=m).d1(x), [0, 0, 1, 0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(get_activation("crelu", tau=tau, m=m).d1(x), [0, 0, 0, 0, 0, 0, 1, 0, 0])
 
 
 def test_tails_keep_relative_accuracy():
     x = np.array([-40.0, -30.0])
-    np.testing.assert_allclose(get_activation("sigmoid").fn(x), np.exp(x) / (1 + np.exp(x)),
-                               rtol=1e-14)
+    np.testing.assert_allclose(get_activation("sigmoid").fn(x), np.exp(x) / (1 + np.exp(x)), rtol=1e-14)
     np.testing.assert_allclose(get_activation("softplus").fn(x), np.log1p(np.exp(x)), rtol=1e-14)
-    np.testing.assert_allclose(get_activation("tanh").d1(-x), 4 * np.exp(2 * x)
-                               / (1 + np.exp(2 * x)) ** 2, rtol=1e-13)
-    np.testing.assert_allclose(get_activation("swish").fn(x), x * np.exp(x) / (1 + np.exp(x)),
-                               rtol=1e-14)
+    np.testing.assert_allclose(get_activation("tanh").d1(-x), 4 * np.exp(2 * x) / (1 + np.exp(2 * x)) ** 2, rtol=1e-13)
+    np.testing.assert_allclose(get_activation("swish").fn(x), x * np.exp(x) / (1 + np.exp(x)), rtol=1e-14)
     assert get_activation("gelu").fn(-30.0) < 0.0  # not flushed to zero by 1 + erf cancellation
     assert get_activation("bentid").fn(1e-9) == pytest.approx(1e-9 + 2.5e-19, rel=1e-15)
 
 
 # --------------------------------------------------------------------------- stability
 
-EXTREME = np.array([-1e3, -700.0, -500.0, -100.0, -37.0, -1.0, 0.0, 1.0, 37.0, 100.0, 500.0,
-                    700.0, 1e3])
+EXTREME = np.array([-1e3, -700.0, -500.0, -100.0, -37.0, -1.0, 0.0, 1.0, 37.0, 100.0, 500.0, 700.0, 1e3])
 TINY = np.array([-1e-300, -5e-324, 5e-324, 1e-300])
 
 
@@ -220,8 +212,7 @@ def test_asymptotics_at_large_inputs():
 # --------------------------------------------------------------------------- kinks and flags
 
 
-@pytest.mark.parametrize("case", [c for c in PARAM_CASES if c[0] in PIECEWISE_LINEAR_ACTIVATIONS],
-                         ids=_case_id)
+@pytest.mark.parametrize("case", [c for c in PARAM_CASES if c[0] in PIECEWISE_LINEAR_ACTIVATIONS], ids=_case_id)
 def test_piecewise_linear_kinks_are_exactly_the_breakpoints(case):
     name, params = case
     act = get_activation(name, **params)
@@ -231,7 +222,7 @@ def test_piecewise_linear_kinks_are_exactly_the_breakpoints(case):
     d1 = act.d1(x)
     jumps = np.nonzero(np.diff(d1))[0]
     assert len(jumps) == len(act.kinks)  # every breakpoint listed, none invented
-    for j, k in zip(jumps, act.kinks):
+    for j, k in zip(jumps, act.kinks, strict=False):
         assert x[j] <= k <= x[j + 1]
     # between kinks phi is linear with slope d1 (the Dirac parts of phi'' are not represented)
     xs = _away_from_kinks(x[::97], act.kinks, margin=1e-3)
@@ -253,15 +244,51 @@ def test_expected_kinks():
     assert get_activation("selu").d1_continuous is False
     assert get_activation("elu").d1_continuous is True
     assert get_activation("elu", alpha=0.5).d1_continuous is False
-    for name in ("tanh", "sigmoid", "softplus", "erf", "atan", "asinh", "bentid", "swish", "gelu",
-                 "gelu_tanh"):
+    for name in ("tanh", "sigmoid", "softplus", "erf", "atan", "asinh", "bentid", "swish", "gelu", "gelu_tanh"):
         act = get_activation(name)
         assert act.kinks == () and act.smooth and act.d1_continuous
 
 
+def test_engine_closed_forms_cover_exactly_the_catalogue():
+    """The engine writes phi, phi', phi'' for every catalogue entry and takes its name, defaults,
+    description and families from the catalogue (sigprop.schemas.activations)."""
+    from sigprop.engine.activations import _SPECS
+    from sigprop.schemas import activations as catalogue
+
+    assert list(_SPECS) == list(catalogue.CATALOGUE)
+    assert ACTIVATION_NAMES == catalogue.ACTIVATION_NAMES
+    assert (SELU_ALPHA, SELU_LAMBDA) == (catalogue.SELU_ALPHA, catalogue.SELU_LAMBDA)
+    for name, info in catalogue.CATALOGUE.items():
+        act = get_activation(name)
+        assert dict(act.params) == dict(info.defaults), name
+        assert (act.smooth, act.positively_homogeneous, act.description) == (
+            info.smooth,
+            info.positively_homogeneous,
+            info.description,
+        ), name
+    for alias, name in catalogue.ACTIVATION_ALIASES.items():
+        assert get_activation(alias).name == name == catalogue.activation_info(alias).name
+    assert set(catalogue.SPARSE_ACTIVATIONS) == {"relu_tau", "soft_threshold", "crelu", "cst"}
+    assert catalogue.POSITIVELY_HOMOGENEOUS_ACTIVATIONS == ("relu", "leaky_relu")
+
+
 def test_registry_flags_and_names():
-    smooth = {"tanh", "sigmoid", "softplus", "erf", "atan", "asinh", "softsign", "bentid",
-              "swish", "silu", "gelu", "gelu_tanh", "elu", "selu"}
+    smooth = {
+        "tanh",
+        "sigmoid",
+        "softplus",
+        "erf",
+        "atan",
+        "asinh",
+        "softsign",
+        "bentid",
+        "swish",
+        "silu",
+        "gelu",
+        "gelu_tanh",
+        "elu",
+        "selu",
+    }
     rough = {"relu", "leaky_relu", "relu_tau", "soft_threshold", "crelu", "cst"}
     assert set(ACTIVATION_NAMES) == smooth | rough
     assert len(ACTIVATION_NAMES) == len(set(ACTIVATION_NAMES))
@@ -314,16 +341,19 @@ def test_unknown_name_raises_unsupported_activation(bad):
         assert name in err.hint
 
 
-@pytest.mark.parametrize("name, params", [
-    ("tanh", {"tau": 1.0}),
-    ("relu_tau", {"m": 1.0}),
-    ("relu_tau", {"tau": -0.1}),
-    ("crelu", {"m": 0.0}),
-    ("cst", {"m": -1.0}),
-    ("leaky_relu", {"negative_slope": float("nan")}),
-    ("elu", {"alpha": float("inf")}),
-    ("soft_threshold", {"tau": "abc"}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("tanh", {"tau": 1.0}),
+        ("relu_tau", {"m": 1.0}),
+        ("relu_tau", {"tau": -0.1}),
+        ("crelu", {"m": 0.0}),
+        ("cst", {"m": -1.0}),
+        ("leaky_relu", {"negative_slope": float("nan")}),
+        ("elu", {"alpha": float("inf")}),
+        ("soft_threshold", {"tau": "abc"}),
+    ],
+)
 def test_bad_parameters_raise_invalid_request(name, params):
     with pytest.raises(SigpropError) as ei:
         get_activation(name, **params)
@@ -372,7 +402,7 @@ def test_transformed_kinks_flags_and_identity():
     gelu = get_activation("gelu")
     ident = transformed(gelu)
     assert ident.kinks == gelu.kinks and ident.smooth and ident.name == "gelu"
-    for f, g in zip((ident.fn, ident.d1, ident.d2), (gelu.fn, gelu.d1, gelu.d2)):
+    for f, g in zip((ident.fn, ident.d1, ident.d2), (gelu.fn, gelu.d1, gelu.d2), strict=False):
         np.testing.assert_array_equal(f(x), g(x))
     with pytest.raises(SigpropError) as ei:
         transformed(relu, input_scale=float("nan"))
@@ -390,10 +420,23 @@ def test_transformed_stable_at_large_inputs():
 
 # --------------------------------------------------------------------------- reference package
 
-_DKS_NAMES = {"tanh": "tanh", "sigmoid": "sigmoid", "softplus": "softplus", "erf": "erf",
-              "atan": "atan", "asinh": "asinh", "softsign": "softsign", "bentid": "bentid",
-              "swish": "swish", "gelu": "gelu_exact", "gelu_tanh": "gelu", "elu": "elu",
-              "selu": "selu", "relu": "relu", "leaky_relu": "leaky_relu"}
+_DKS_NAMES = {
+    "tanh": "tanh",
+    "sigmoid": "sigmoid",
+    "softplus": "softplus",
+    "erf": "erf",
+    "atan": "atan",
+    "asinh": "asinh",
+    "softsign": "softsign",
+    "bentid": "bentid",
+    "swish": "swish",
+    "gelu": "gelu_exact",
+    "gelu_tanh": "gelu",
+    "elu": "elu",
+    "selu": "selu",
+    "relu": "relu",
+    "leaky_relu": "leaky_relu",
+}
 
 
 @pytest.mark.parametrize("name", sorted(_DKS_NAMES))

@@ -1,5 +1,5 @@
 """A corrupt cache entry (its checksum does not match) is detected, recomputed and overwritten,
-never served; on the real Redis (db 14) and the embedded SQLite cache."""
+never served; on the real Redis (the tests' database) and the embedded SQLite cache."""
 
 import json
 
@@ -7,13 +7,19 @@ import pytest
 import redis
 
 from sigprop.api.solutions import SolutionService
-from sigprop.cache import RedisSolutionCache, SqliteSolutionCache
+from sigprop.storage import RedisSolutionCache, SqliteSolutionCache
 
-from .service_fixtures import flush_shared_redis, shared_redis_or_skip
+from .service_fixtures import SHARED_REDIS_URL, flush_shared_redis, shared_redis_or_skip
 
-URL = "redis://127.0.0.1:6379/14"
-BODY = json.dumps({"graph": {"template": "mlp", "depth": 8, "width": 16}, "method": "tat",
-                   "activation": "leaky_relu", "targets": {"eta": 0.5}}).encode()
+URL = SHARED_REDIS_URL
+BODY = json.dumps(
+    {
+        "graph": {"template": "mlp", "depth": 8, "width": 16},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": 0.5},
+    }
+).encode()
 
 
 def _cache(backend, tmp_path):
@@ -32,7 +38,10 @@ def _corrupt(cache, key):
     else:
         db = cache._db()
         answer = db.execute("SELECT answer FROM solutions WHERE key = ?", (key,)).fetchone()[0]
-        db.execute("UPDATE solutions SET answer = ? WHERE key = ?", (answer.replace('"negative_slope":0.', '"negative_slope":9.'), key))
+        db.execute(
+            "UPDATE solutions SET answer = ? WHERE key = ?",
+            (answer.replace('"negative_slope":0.', '"negative_slope":9.'), key),
+        )
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])

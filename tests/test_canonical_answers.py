@@ -1,7 +1,8 @@
 """Answers are computed on the anonymized graph and relabelled per request, so a cached answer
 can serve any request with the same key and still name that request's own nodes."""
 
-from sigprop.engine.solve import personalize, prepare, solve, solve_canonical
+from sigprop.answers import personalize
+from sigprop.engine.solve import prepare, solve, solve_canonical
 from sigprop.schemas import SolveRequest
 
 
@@ -20,8 +21,9 @@ def _request(prefix: str, dead: bool = False) -> SolveRequest:
     ]
     if dead:
         nodes.append({"id": f"{p}unused", "op": "dense", "inputs": [f"{p}g"], "units": 3})
-    return SolveRequest.model_validate({"graph": {"nodes": nodes}, "method": "tat", "activation": "leaky_relu",
-                                        "targets": {"eta": 0.3}})
+    return SolveRequest.model_validate(
+        {"graph": {"nodes": nodes}, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.3}}
+    )
 
 
 def test_same_key_same_canonical_answer_own_ids():

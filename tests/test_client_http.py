@@ -27,15 +27,16 @@ from sigprop.schemas import Graph, SolveRequest, Targets, Template
 
 from .service_fixtures import LOOPBACK, free_port, start_service
 
-API_KEYS = "client-key-one,client-key-two"
-GOOD_KEY = "client-key-two"
+API_KEYS = "client-key-one-0123456789,client-key-two-0123456789"
+GOOD_KEY = "client-key-two-0123456789"
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("svc-client")
-    svc = start_service(tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"),
-                              "SIGPROP_API_KEYS": API_KEYS})
+    svc = start_service(
+        tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": API_KEYS}
+    )
     yield svc
     svc.stop()
 
@@ -109,6 +110,7 @@ def sleeps(monkeypatch):
 
 # -- solving ------------------------------------------------------------------------------------
 
+
 def test_solve_returns_a_typed_solution_equal_to_the_http_json(service, client):
     body = {"graph": mlp(12), "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.3}}
     sol = client.solve(mlp(12), "tat", "leaky_relu", {"eta": 0.3})
@@ -138,11 +140,13 @@ def test_graph_models_templates_and_whole_requests_give_the_same_key(client):
     from_template_model = client.solve(Template(template="mlp", depth=6, width=8), "tat", "leaky_relu", {"eta": 0.2})
     expanded = Graph.model_validate(client.template("mlp", depth=6, width=8))
     from_graph_model = client.solve(expanded, "tat", "leaky_relu", {"eta": 0.2})
-    request = SolveRequest.model_validate({"graph": mlp(6), "method": "tat", "activation": "leaky_relu",
-                                           "targets": {"eta": 0.2}})
+    request = SolveRequest.model_validate(
+        {"graph": mlp(6), "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.2}}
+    )
     from_request_model = client.solve_request(request)
-    from_request_dict = client.solve_request({"graph": mlp(6), "method": "tat", "activation": "leaky_relu",
-                                              "targets": {"eta": 0.2}})
+    from_request_dict = client.solve_request(
+        {"graph": mlp(6), "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.2}}
+    )
     keys = {s.key for s in (base, from_template_model, from_graph_model, from_request_model, from_request_dict)}
     assert keys == {base.key}
     assert from_graph_model.cached and from_request_model.cached
@@ -156,6 +160,7 @@ def test_solve_options_reach_the_service(client):
 
 
 # -- stored solutions and keys ------------------------------------------------------------------
+
 
 def test_get_list_and_delete_with_and_without_a_key(service, client, anon):
     sol = client.solve(mlp(9), "tat", "leaky_relu", {"eta": 0.4})
@@ -191,6 +196,7 @@ def test_get_list_and_delete_with_and_without_a_key(service, client, anon):
 
 # -- templates and probes -----------------------------------------------------------------------
 
+
 def test_templates_and_template_expansion(client):
     names = [t["name"] for t in client.templates()]
     assert {"mlp", "resnet", "densenet", "cnn"} <= set(names)
@@ -223,27 +229,37 @@ def test_ready_is_false_without_a_server_and_tries_once():
 
 # -- errors -------------------------------------------------------------------------------------
 
-CYCLE = {"schema": "sigprop.graph/v1", "nodes": [
-    {"id": "x", "op": "input", "shape": [4]},
-    {"id": "a", "op": "dense", "inputs": ["b"], "units": 4},
-    {"id": "b", "op": "activation", "inputs": ["a"]},
-    {"id": "out", "op": "output", "inputs": ["b"]},
-]}
+CYCLE = {
+    "schema": "sigprop.graph/v1",
+    "nodes": [
+        {"id": "x", "op": "input", "shape": [4]},
+        {"id": "a", "op": "dense", "inputs": ["b"], "units": 4},
+        {"id": "b", "op": "activation", "inputs": ["a"]},
+        {"id": "out", "op": "output", "inputs": ["b"]},
+    ],
+}
 
-ATTENTION = {"schema": "sigprop.graph/v1", "nodes": [
-    {"id": "x", "op": "input", "shape": [4]},
-    {"id": "t", "op": "attention", "inputs": ["x"]},
-    {"id": "out", "op": "output", "inputs": ["t"]},
-]}
+ATTENTION = {
+    "schema": "sigprop.graph/v1",
+    "nodes": [
+        {"id": "x", "op": "input", "shape": [4]},
+        {"id": "t", "op": "attention", "inputs": ["x"]},
+        {"id": "out", "op": "output", "inputs": ["t"]},
+    ],
+}
 
 ERROR_CASES = [
     pytest.param((mlp(10), "tat", "leaky_relu", {"eta": 0.9}), {}, "unreachable_target", id="unreachable_target"),
     pytest.param((mlp(10), "tat", "leaky_relu", {"zeta": 1.5}), {}, "invalid_target", id="invalid_target"),
-    pytest.param((mlp(10), "tat", "no_such_fn", {"tau": 0.3}), {}, "unsupported_activation", id="unsupported_activation"),
+    pytest.param(
+        (mlp(10), "tat", "no_such_fn", {"tau": 0.3}), {}, "unsupported_activation", id="unsupported_activation"
+    ),
     pytest.param((mlp(10), "no_such_method", "leaky_relu", {}), {}, "unsupported_method", id="unsupported_method"),
     pytest.param((CYCLE, "tat", "leaky_relu", {"eta": 0.3}), {}, "invalid_graph", id="invalid_graph"),
     pytest.param((ATTENTION, "tat", "leaky_relu", {"eta": 0.3}), {}, "unsupported_op", id="unsupported_op"),
-    pytest.param((mlp(10), "tat", "leaky_relu", {"eta": 0.3}), {"c_map_points": 1}, "invalid_request", id="invalid_request"),
+    pytest.param(
+        (mlp(10), "tat", "leaky_relu", {"eta": 0.3}), {"c_map_points": 1}, "invalid_request", id="invalid_request"
+    ),
 ]
 
 
@@ -260,8 +276,11 @@ def test_rejected_requests_raise_sigprop_error_with_the_contract_code(service, a
     assert transport.attempts == 1  # 4xx is never retried
     # Exactly what the service answers over plain HTTP.
     graph, method, activation, targets = args
-    raw = httpx.post(f"{service.base_url}/v1/solve", timeout=30.0,
-                     json={"graph": graph, "method": method, "activation": activation, "targets": targets, **kwargs})
+    raw = httpx.post(
+        f"{service.base_url}/v1/solve",
+        timeout=30.0,
+        json={"graph": graph, "method": method, "activation": activation, "targets": targets, **kwargs},
+    )
     assert raw.status_code == 422 and raw.json() == err.to_dict()
 
 
@@ -333,14 +352,16 @@ def test_bearer_header_only_with_an_api_key(stub_server):
 
 # -- AsyncClient --------------------------------------------------------------------------------
 
+
 def test_async_client_does_the_same(service):
     async def scenario():
         async with AsyncClient(service.base_url, api_key=GOOD_KEY) as c, AsyncClient(service.base_url) as anon:
             assert (await c.health())["status"] == "ok"
             assert await c.ready() is True
             first = await c.solve(mlp(15), "tat", "leaky_relu", {"eta": 0.45})
-            second = await c.solve_request({"graph": mlp(15), "method": "tat", "activation": "leaky_relu",
-                                            "targets": {"eta": 0.45}})
+            second = await c.solve_request(
+                {"graph": mlp(15), "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.45}}
+            )
             assert isinstance(first, Solution) and (first.cached, second.cached) == (False, True)
             assert second.key == first.key
 
@@ -377,8 +398,7 @@ def test_async_client_retries_connection_errors_then_raises():
     async def scenario():
         transport = AsyncCountingTransport()
         start = time.monotonic()
-        async with AsyncClient(f"http://{LOOPBACK}:{free_port()}", retries=2, backoff=0.01,
-                               transport=transport) as c:
+        async with AsyncClient(f"http://{LOOPBACK}:{free_port()}", retries=2, backoff=0.01, transport=transport) as c:
             with pytest.raises(httpx.ConnectError):
                 await c.health()
             assert await c.ready() is False
@@ -391,6 +411,7 @@ def test_async_client_retries_connection_errors_then_raises():
 
 # -- retries ------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("retries", [0, 1, 3])
 def test_connection_refused_is_retried_then_raised_within_bounded_time(retries):
     transport = CountingTransport()
@@ -400,7 +421,7 @@ def test_connection_refused_is_retried_then_raised_within_bounded_time(retries):
         c.solve(mlp(3), "tat", "leaky_relu", {"eta": 0.1})
     elapsed = time.monotonic() - start
     assert transport.attempts == retries + 1
-    assert elapsed < 0.02 * (2 ** retries) + 5.0
+    assert elapsed < 0.02 * (2**retries) + 5.0
 
 
 def test_backoff_is_exponential_and_capped(sleeps):
@@ -417,15 +438,33 @@ def test_backoff_is_exponential_and_capped(sleeps):
 def _flaky(failures: int, status: int = 503, headers: dict | None = None):
     """A MockTransport answering ``status`` ``failures`` times, then a solve answer."""
     calls: list[httpx.Request] = []
-    solution = {"key": "k" * 64, "engine_version": "2", "method": "eoc", "activation": "tanh", "targets": {},
-                "sigma_w2": 1.0, "sigma_b2": 0.0, "layers": [], "cached": False, "warnings": []}
+    solution = {
+        "key": "k" * 64,
+        "engine_version": "2",
+        "method": "eoc",
+        "activation": "tanh",
+        "targets": {},
+        "sigma_w2": 1.0,
+        "sigma_b2": 0.0,
+        "layers": [],
+        "cached": False,
+        "warnings": [],
+    }
 
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(request)
         if len(calls) <= failures:
-            return httpx.Response(status, headers=headers, json={"error": {
-                "code": "cache_unavailable", "message": "the solution store cannot be reached right now",
-                "hint": "retry shortly"}})
+            return httpx.Response(
+                status,
+                headers=headers,
+                json={
+                    "error": {
+                        "code": "cache_unavailable",
+                        "message": "the solution store cannot be reached right now",
+                        "hint": "retry shortly",
+                    }
+                },
+            )
         return httpx.Response(200, json=solution)
 
     return calls, handler
@@ -524,8 +563,19 @@ def test_constructor_settings():
 
 # -- import weight ------------------------------------------------------------------------------
 
-BLOCKED = ["numpy", "scipy", "torch", "jax", "jaxlib", "fastapi", "starlette", "uvicorn", "redis",
-           "prometheus_client", "pydantic_settings"]
+BLOCKED = [
+    "numpy",
+    "scipy",
+    "torch",
+    "jax",
+    "jaxlib",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "redis",
+    "prometheus_client",
+    "pydantic_settings",
+]
 
 _BLOCKED_IMPORT = textwrap.dedent("""
     import importlib, json, sys
@@ -567,21 +617,150 @@ _BLOCKED_IMPORT = textwrap.dedent("""
 
 def test_client_imports_and_works_without_numpy_torch_jax_or_fastapi(service):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIGPROP_")}
-    proc = subprocess.run([sys.executable, "-c", _BLOCKED_IMPORT, json.dumps(BLOCKED), service.base_url],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_IMPORT, json.dumps(BLOCKED), service.base_url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ok")
     loaded = json.loads(proc.stdout.split(" ", 1)[1].replace("'", '"'))
     assert "sigprop.client.http" in loaded
-    assert not any(m.startswith(("sigprop.engine", "sigprop.api", "sigprop.cache", "sigprop.settings"))
-                   for m in loaded), loaded
+    assert not any(
+        m.startswith(("sigprop.engine", "sigprop.api", "sigprop.cache", "sigprop.settings")) for m in loaded
+    ), loaded
+
+
+# The client side never imports the service: what it shares with it lives in sigprop.schemas.
+SERVICE_MODULES = [
+    "sigprop.engine",
+    "sigprop.api",
+    "sigprop.worker",
+    "sigprop.cache",
+    "sigprop.storage",
+    "sigprop.dashboard",
+]
+SERVER_PACKAGES = [
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "redis",
+    "rq",
+    "scipy",
+    "plotly",
+    "limits",
+    "jinja2",
+    "prometheus_client",
+    "pydantic_settings",
+]
+
+_ADAPTERS_IMPORT = textwrap.dedent("""
+    import importlib, json, sys
+    MODULES, PACKAGES = json.loads(sys.argv[1]), set(json.loads(sys.argv[2]))
+
+    def blocked(name):
+        return name.split(".")[0] in PACKAGES or any(name == m or name.startswith(m + ".") for m in MODULES)
+
+    already = sorted(m for m in sys.modules if blocked(m))
+    assert not already, f"imported before the test started: {already}"
+
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if blocked(name):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    for name in MODULES + sorted(PACKAGES):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+        else:
+            raise AssertionError(f"the blocker let {name} through")
+
+    import sigprop.client
+    import sigprop.client.jax as sjax
+    import sigprop.client.torch as storch
+    import jax
+    import torch
+
+    loaded = sorted(m for m in sys.modules if blocked(m))
+    assert not loaded, f"imported by the client: {loaded}"
+
+    # use them, so that imports made only when called count too; jaxlib itself loads scipy for
+    # LAPACK the first time a QR runs (the orthogonal initializers), so scipy is let through now
+    PACKAGES.discard("scipy")
+    sol = sigprop.client.Solution.model_validate_json(sys.argv[3])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    graph = storch.graph_from_module(model, torch.randn(4, 8))
+    report = storch.apply(model, sol, graph=graph, seed=0)
+    assert report.complete and len(report.layers) == 2, report.summary()
+    assert storch.native_module("silu") is not None and storch.TransformedActivation("cst").name == "cst"
+    params = {"0": {"kernel": jax.numpy.zeros((8, 16)), "bias": jax.numpy.zeros(16)},
+              "2": {"kernel": jax.numpy.zeros((16, 3)), "bias": jax.numpy.zeros(3)}}
+    _, jax_report = sjax.apply_to_params(params, sol, None, jax.random.PRNGKey(0))
+    assert jax_report.ok, str(jax_report)
+    assert float(sjax.transformed_activation(sol)(-1.0)) < 0.0
+
+    loaded = sorted(m for m in sys.modules if blocked(m))
+    assert not loaded, f"imported by the client at work: {loaded}"
+    print("ok", sorted(m for m in sys.modules if m.startswith("sigprop")))
+""")
+
+
+def test_client_and_framework_adapters_import_nothing_of_the_service():
+    """sigprop.client, sigprop.client.torch and sigprop.client.jax, imported and used (graph
+    extraction, apply, JAX initializers), import no engine, API, worker, cache, storage or dashboard
+    module and no server package (fastapi, redis, rq, scipy, plotly, ...)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    from sigprop.client.torch import graph_from_module
+    from sigprop.engine.solve import solve
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    graph = graph_from_module(model, torch.randn(4, 8))
+    sol = solve(
+        SolveRequest.model_validate(
+            {"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.2}}
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIGPROP_")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _ADAPTERS_IMPORT,
+            json.dumps(SERVICE_MODULES),
+            json.dumps(SERVER_PACKAGES),
+            sol.model_dump_json(exclude_none=True),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.startswith("ok")
+    loaded = json.loads(proc.stdout.split(" ", 1)[1].replace("'", '"'))
+    assert {"sigprop.client.torch", "sigprop.client.jax", "sigprop.schemas.activations"} <= set(loaded), loaded
 
 
 def test_rate_limited_error_carries_retry_after(tmp_path):
     """A real service with a cold-solve budget of one per minute: the second cold solve raises
     rate_limited (not retried), and the error says how long to wait; a cache hit still answers."""
-    svc = start_service(tmp_path, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-                                   "SIGPROP_RATE_LIMIT_COLD_SOLVES": "1/minute"})
+    svc = start_service(
+        tmp_path,
+        {
+            "SIGPROP_REDIS_URL": None,
+            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+            "SIGPROP_RATE_LIMIT_COLD_SOLVES": "1/minute",
+        },
+    )
     try:
         with Client(svc.base_url) as c:
             first = c.solve(mlp(3), "tat", "leaky_relu", {"eta": 0.5})

@@ -41,6 +41,7 @@ N_PAIRS = 128  # input pairs per network
 
 # -- the service and the answers ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("client-jax")
@@ -70,17 +71,18 @@ def solve(service, body: dict) -> Solution:
 
 @pytest.fixture(scope="module")
 def trelu(service) -> Solution:
-    return solve(service, {"graph": mlp_graph(50), "method": "tat", "activation": "leaky_relu",
-                           "targets": {"eta": 0.9}})
+    return solve(
+        service, {"graph": mlp_graph(50), "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.9}}
+    )
 
 
 @pytest.fixture(scope="module")
 def tat_softplus(service) -> Solution:
-    return solve(service, {"graph": mlp_graph(20), "method": "tat", "activation": "softplus",
-                           "targets": {"tau": 0.3}})
+    return solve(service, {"graph": mlp_graph(20), "method": "tat", "activation": "softplus", "targets": {"tau": 0.3}})
 
 
 # -- the network ----------------------------------------------------------------------------------
+
 
 def blank_params(depth: int, d_in: int = D_IN, width: int = WIDTH) -> dict:
     """A Flax-style params tree of the MLP, every leaf zero (apply_to_params fills it)."""
@@ -125,7 +127,7 @@ def empirical_maps(solution: Solution, depth: int, n_nets: int, c0s=(0.0, 0.5), 
     blank = blank_params(depth)
     q_pre, q_post, q0_pre, cos = [], [], [], {c0: [] for c0 in c0s}
     key = jax.random.PRNGKey(seed)
-    for net in range(n_nets):
+    for _net in range(n_nets):
         key, kinit, kdata = jax.random.split(key, 3)
         params, report = sjax.apply_to_params(blank, solution, mapping, kinit)
         assert report.ok, str(report)
@@ -142,9 +144,13 @@ def empirical_maps(solution: Solution, depth: int, n_nets: int, c0s=(0.0, 0.5), 
             cos[c0].append(np.asarray(c))
         q_pre.append(np.mean(qp, axis=0))
         q_post.append(np.mean(qa, axis=0))
-    return {"q_pre": np.asarray(q_pre), "q_post": np.asarray(q_post), "q0_pre": np.concatenate(q0_pre),
-            "cos": {c0: float(np.mean(v)) for c0, v in cos.items()},
-            "cos_std": {c0: float(np.std(np.mean(v, axis=1))) for c0, v in cos.items()}}
+    return {
+        "q_pre": np.asarray(q_pre),
+        "q_post": np.asarray(q_post),
+        "q0_pre": np.concatenate(q0_pre),
+        "cos": {c0: float(np.mean(v)) for c0, v in cos.items()},
+        "cos_std": {c0: float(np.std(np.mean(v, axis=1))) for c0, v in cos.items()},
+    }
 
 
 def predicted_c(solution: Solution, c0: float) -> float:
@@ -178,8 +184,10 @@ def _check_appendix_e1(solution: Solution, depth: int, n_nets: int) -> dict:
         summary[f"c({c0}) empirical"] = emp["cos"][c0]
         summary[f"c({c0}) answer"] = predicted_c(solution, c0)
         summary[f"c({c0}) std over nets"] = emp["cos_std"][c0]
-    print(f"\n{solution.activation} depth {depth}, {n_nets} nets x {N_PAIRS} pairs: "
-          + ", ".join(f"{k} {v:.4f}" for k, v in summary.items()))
+    print(
+        f"\n{solution.activation} depth {depth}, {n_nets} nets x {N_PAIRS} pairs: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in summary.items())
+    )
     assert summary["max|q0_pre-1| (per input)"] < 1e-4
     for c0 in emp["cos"]:
         assert abs(emp["cos"][c0] - predicted_c(solution, c0)) < 0.05, summary
@@ -221,8 +229,11 @@ def _fake_solution(name: str, **fields) -> Solution:
 def _engine_phi(sol: Solution):
     spec_params = dict(get_activation(sol.activation).params)
     p = {k: getattr(sol, k) for k in spec_params if getattr(sol, k, None) is not None}
-    tr = {k: getattr(sol, k) for k in ("input_scale", "input_shift", "output_scale", "output_shift")
-          if getattr(sol, k) is not None}
+    tr = {
+        k: getattr(sol, k)
+        for k in ("input_scale", "input_shift", "output_scale", "output_shift")
+        if getattr(sol, k) is not None
+    }
     return transformed(get_activation(sol.activation, **p), **tr)
 
 
@@ -275,13 +286,21 @@ def test_one_sided_derivatives_at_kinks(name):
         assert np.array_equal(x.astype(np.float64), np.asarray(sorted(set(ref.kinks) | {0.0})))
         got = np.asarray(jax.vmap(jax.grad(sjax.transformed_activation(sol)))(jnp.asarray(x)))
         np.testing.assert_allclose(got, ref.d1(x.astype(np.float64)), rtol=1e-6, atol=1e-7, err_msg=f"{name} {tr}")
-        np.testing.assert_allclose(np.asarray(sjax.transformed_activation(sol)(x)), ref.fn(x.astype(np.float64)),
-                                   rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            np.asarray(sjax.transformed_activation(sol)(x)), ref.fn(x.astype(np.float64)), rtol=1e-6, atol=1e-7
+        )
 
 
 def test_transformed_activation_of_live_answers(trelu, tat_softplus, service):
-    crelu = solve(service, {"graph": {"template": "mlp", "depth": 10, "width": 64}, "method": "sparse_eoc",
-                            "activation": "crelu", "targets": {"sparsity": 0.7, "v_slope": 0.5}})
+    crelu = solve(
+        service,
+        {
+            "graph": {"template": "mlp", "depth": 10, "width": 64},
+            "method": "sparse_eoc",
+            "activation": "crelu",
+            "targets": {"sparsity": 0.7, "v_slope": 0.5},
+        },
+    )
     assert crelu.tau is not None and crelu.m is not None
     for sol in (trelu, tat_softplus, crelu):
         _check_against_engine(sol)
@@ -311,6 +330,7 @@ def test_transformed_activation_is_traceable_and_name_override():
 
 
 # -- initializers ---------------------------------------------------------------------------------
+
 
 def _orthogonality_error(kernel, gain: float) -> float:
     """With W = kernel^T (out x in): |W W^T - gain^2 I| if in >= out, |W^T W - gain^2 I| otherwise."""
@@ -383,16 +403,45 @@ def test_scale_corrected_suo_equals_dks_reference(shape, delta):
 
 def test_initializer_for_each_distribution_and_gaussian():
     key = jax.random.PRNGKey(3)
-    suo = LayerInit(id="d", node=1, op="dense", fan_in=64, fan_out=256, distribution="scaled_uniform_orthogonal",
-                    gain=2.0, weight_variance=1 / 64, bias="zeros")
+    suo = LayerInit(
+        id="d",
+        node=1,
+        op="dense",
+        fan_in=64,
+        fan_out=256,
+        distribution="scaled_uniform_orthogonal",
+        gain=2.0,
+        weight_variance=1 / 64,
+        bias="zeros",
+    )
     k = sjax.initializer_for(suo)(key, (64, 256))
     assert _orthogonality_error(k, 2.0) < 1e-4
-    delta = LayerInit(id="c", node=2, op="conv", fan_in=16, fan_out=16, kernel=[3, 3], distribution="orthogonal_delta",
-                      gain=1.0, weight_variance=1 / 16, bias="zeros")
+    delta = LayerInit(
+        id="c",
+        node=2,
+        op="conv",
+        fan_in=16,
+        fan_out=16,
+        kernel=[3, 3],
+        distribution="orthogonal_delta",
+        gain=1.0,
+        weight_variance=1 / 16,
+        bias="zeros",
+    )
     k = np.asarray(sjax.initializer_for(delta.model_dump())(key, (3, 3, 16, 16)))
     assert np.count_nonzero(k[0]) == 0 and _orthogonality_error(k[1, 1], 1.0) < 1e-5
-    gauss = LayerInit(id="g", node=3, op="dense", fan_in=400, fan_out=300, distribution="gaussian",
-                      gain=0.05, weight_variance=0.0025, bias="gaussian", bias_variance=0.04)
+    gauss = LayerInit(
+        id="g",
+        node=3,
+        op="dense",
+        fan_in=400,
+        fan_out=300,
+        distribution="gaussian",
+        gain=0.05,
+        weight_variance=0.0025,
+        bias="gaussian",
+        bias_variance=0.04,
+    )
     k = np.asarray(sjax.initializer_for(gauss)(key, (400, 300)))
     assert abs(k.std() - 0.05) < 0.05 * 0.02 and abs(k.mean()) < 1e-3
     b = np.asarray(sjax.bias_initializer_for(gauss)(key, (100_000,)))
@@ -403,6 +452,7 @@ def test_initializer_for_each_distribution_and_gaussian():
 
 
 # -- apply_to_params ------------------------------------------------------------------------------
+
 
 def test_apply_to_params_reports_missing_paths_and_uncovered_kernels(trelu):
     params = blank_params(50)
@@ -432,20 +482,30 @@ def test_apply_to_params_reports_missing_paths_and_uncovered_kernels(trelu):
 
 
 def test_apply_to_params_paths_shapes_and_determinism(trelu):
-    sol = trelu.model_copy(update={"layers": [
-        trelu.layers[0],
-        trelu.layers[1].model_copy(update={"id": "enc", "bias": "gaussian", "bias_variance": 0.01}),
-        trelu.layers[2].model_copy(update={"id": "haiku"}),
-        trelu.layers[3].model_copy(update={"id": "bad_shape"}),
-    ]})
-    variables = {"params": {
-        "Dense_0": {"kernel": jax.ShapeDtypeStruct((D_IN, WIDTH), jnp.bfloat16), "bias": jnp.zeros((WIDTH,))},
-        "Encoder_0": {"Dense_1": {"kernel": jnp.zeros((WIDTH, WIDTH)), "bias": jnp.zeros((WIDTH,))}},
-        "mlp/~/linear_2": {"w": jnp.zeros((WIDTH, WIDTH)), "b": jnp.zeros((WIDTH,))},
-        "Dense_3": {"kernel": jnp.zeros((WIDTH, 128))},
-    }}
-    mapping = {"fc_0": "Dense_0", "enc": ("Encoder_0", "Dense_1"), "haiku": "mlp/~/linear_2",
-               "bad_shape": "params/Dense_3/kernel"}
+    sol = trelu.model_copy(
+        update={
+            "layers": [
+                trelu.layers[0],
+                trelu.layers[1].model_copy(update={"id": "enc", "bias": "gaussian", "bias_variance": 0.01}),
+                trelu.layers[2].model_copy(update={"id": "haiku"}),
+                trelu.layers[3].model_copy(update={"id": "bad_shape"}),
+            ]
+        }
+    )
+    variables = {
+        "params": {
+            "Dense_0": {"kernel": jax.ShapeDtypeStruct((D_IN, WIDTH), jnp.bfloat16), "bias": jnp.zeros((WIDTH,))},
+            "Encoder_0": {"Dense_1": {"kernel": jnp.zeros((WIDTH, WIDTH)), "bias": jnp.zeros((WIDTH,))}},
+            "mlp/~/linear_2": {"w": jnp.zeros((WIDTH, WIDTH)), "b": jnp.zeros((WIDTH,))},
+            "Dense_3": {"kernel": jnp.zeros((WIDTH, 128))},
+        }
+    }
+    mapping = {
+        "fc_0": "Dense_0",
+        "enc": ("Encoder_0", "Dense_1"),
+        "haiku": "mlp/~/linear_2",
+        "bad_shape": "params/Dense_3/kernel",
+    }
     new, report = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(5))
     print(report)
     p = new["params"]
@@ -460,22 +520,27 @@ def test_apply_to_params_paths_shapes_and_determinism(trelu):
     assert not report.not_found and not report.unknown_ids
     # a pure function of the key
     again, _ = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(5))
-    np.testing.assert_array_equal(np.asarray(again["params"]["mlp/~/linear_2"]["w"]), np.asarray(p["mlp/~/linear_2"]["w"]))
+    np.testing.assert_array_equal(
+        np.asarray(again["params"]["mlp/~/linear_2"]["w"]), np.asarray(p["mlp/~/linear_2"]["w"])
+    )
     other, _ = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(6))
     assert not np.array_equal(np.asarray(other["params"]["mlp/~/linear_2"]["w"]), np.asarray(p["mlp/~/linear_2"]["w"]))
     # traceable: the same tree under jax.jit (shapes and the mapping are static, the key is traced)
     jitted = jax.jit(lambda k: sjax.apply_to_params(variables, sol, mapping, k)[0])(jax.random.PRNGKey(5))
-    np.testing.assert_allclose(np.asarray(jitted["params"]["mlp/~/linear_2"]["w"]),
-                               np.asarray(p["mlp/~/linear_2"]["w"]), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jitted["params"]["mlp/~/linear_2"]["w"]), np.asarray(p["mlp/~/linear_2"]["w"]), atol=1e-6
+    )
 
 
 def test_import_without_jax_names_the_extra():
-    code = ("import sys\n"
-            "sys.modules['jax'] = None\n"
-            "try:\n"
-            "    import sigprop.client.jax\n"
-            "except ImportError as e:\n"
-            "    print('IMPORTERROR', e)\n")
+    code = (
+        "import sys\n"
+        "sys.modules['jax'] = None\n"
+        "try:\n"
+        "    import sigprop.client.jax\n"
+        "except ImportError as e:\n"
+        "    print('IMPORTERROR', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "IMPORTERROR" in out.stdout and "pip install 'sigprop[jax]'" in out.stdout, out.stdout

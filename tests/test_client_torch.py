@@ -22,12 +22,11 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 from sigprop.client.http import Client  # noqa: E402
-from sigprop.client.torch import (ApplyReport, NormalizedSum, TransformedActivation, apply,  # noqa: E402
-                                  graph_from_module)
+from sigprop.client.torch import ApplyReport, NormalizedSum, TransformedActivation, apply, graph_from_module  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import Solution  # noqa: E402
 
@@ -62,6 +61,7 @@ def sp(service):
 
 
 # -- models written the ordinary way ---------------------------------------------------------------
+
 
 class MLP(nn.Module):
     def __init__(self, depth: int, width: int, d_in: int | None = None, act=nn.ReLU):
@@ -137,6 +137,7 @@ class WithBatchNorm(nn.Module):
 
 # -- measuring q and c -----------------------------------------------------------------------------
 
+
 def _pairs(n_pairs: int, channels: int, locations: int, c0: float, gen: torch.Generator) -> torch.Tensor:
     """[2 n_pairs, channels, locations]: at every location, the two inputs of a pair have squared norm
     ``channels`` (q = 1) and cosine exactly ``c0``."""
@@ -156,8 +157,17 @@ def _cosines(y: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(y[:, 0], y[:, 1], dim=1).flatten()
 
 
-def measure(make_model, sol: Solution, graph: dict, x_shape: tuple[int, ...], *, seeds: int, pairs: int,
-            c0s=(0.0, 0.5), site: str | None = None) -> dict:
+def measure(
+    make_model,
+    sol: Solution,
+    graph: dict,
+    x_shape: tuple[int, ...],
+    *,
+    seeds: int,
+    pairs: int,
+    c0s=(0.0, 0.5),
+    site: str | None = None,
+) -> dict:
     """Apply ``sol`` to ``seeds`` freshly built models; per seed feed ``pairs`` input pairs per c0.
 
     Returns the mean q after every transformed activation and normalized sum (averaged over seeds
@@ -172,8 +182,11 @@ def measure(make_model, sol: Solution, graph: dict, x_shape: tuple[int, ...], *,
         report = apply(model, sol, graph=graph, example_input=torch.randn(2, *x_shape), seed=s)
         net = report.model.double()
         q_layer: list[float] = []
-        hooks = [m.register_forward_hook(lambda _m, _i, out: q_layer.append(out.pow(2).mean().item()))
-                 for m in net.modules() if isinstance(m, (TransformedActivation, NormalizedSum))]
+        hooks = [
+            m.register_forward_hook(lambda _m, _i, out: q_layer.append(out.pow(2).mean().item()))
+            for m in net.modules()
+            if isinstance(m, (TransformedActivation, NormalizedSum))
+        ]
         seen = {}
         if site is not None:  # c measured on the input of this module (e.g. before global pooling)
             hooks.append(net.get_submodule(site).register_forward_pre_hook(lambda _m, args: seen.update(y=args[0])))
@@ -183,25 +196,38 @@ def measure(make_model, sol: Solution, graph: dict, x_shape: tuple[int, ...], *,
             y = net(torch.cat(xs))
         y = seen["y"] if site is not None else y
         for k, c0 in enumerate(c0s):
-            cs[c0].append(_cosines(y[2 * pairs * k: 2 * pairs * (k + 1)]).mean().item())
+            cs[c0].append(_cosines(y[2 * pairs * k : 2 * pairs * (k + 1)]).mean().item())
         qs.append(q_layer)
         for h in hooks:
             h.remove()
     q = np.mean(np.array(qs), axis=0)
-    out = {"q_mean_abs_dev": float(np.mean(np.abs(q - 1))), "q_max_abs_dev": float(np.max(np.abs(q - 1))),
-           "layers": len(q)}
+    out = {
+        "q_mean_abs_dev": float(np.mean(np.abs(q - 1))),
+        "q_max_abs_dev": float(np.max(np.abs(q - 1))),
+        "layers": len(q),
+    }
     for c0 in c0s:
         pred = float(np.interp(c0, sol.c_map.c, sol.c_map.global_))
         emp = float(np.mean(cs[c0]))
-        out[c0] = {"empirical": emp, "predicted": pred, "deviation": emp - pred, "std_over_seeds": float(np.std(cs[c0]))}
+        out[c0] = {
+            "empirical": emp,
+            "predicted": pred,
+            "deviation": emp - pred,
+            "std_over_seeds": float(np.std(cs[c0])),
+        }
     return out
 
 
 def check(result: dict, name: str) -> None:
-    print(f"\n{name}: q mean |dev| {result['q_mean_abs_dev']:.4f} (max {result['q_max_abs_dev']:.4f}) over "
-          f"{result['layers']} activations/sums; " + "; ".join(
-              f"c0={c0}: empirical {r['empirical']:.4f} predicted {r['predicted']:.4f} dev {r['deviation']:+.4f}"
-              for c0, r in result.items() if isinstance(c0, float)))
+    print(
+        f"\n{name}: q mean |dev| {result['q_mean_abs_dev']:.4f} (max {result['q_max_abs_dev']:.4f}) over "
+        f"{result['layers']} activations/sums; "
+        + "; ".join(
+            f"c0={c0}: empirical {r['empirical']:.4f} predicted {r['predicted']:.4f} dev {r['deviation']:+.4f}"
+            for c0, r in result.items()
+            if isinstance(c0, float)
+        )
+    )
     assert result["q_mean_abs_dev"] < Q_TOL, result
     for c0, r in result.items():
         if isinstance(c0, float):
@@ -216,6 +242,7 @@ def _ops(graph: dict) -> dict[str, int]:
 
 
 # -- (1) deep MLP, TAT leaky_relu eta 0.9 -------------------------------------------------------------
+
 
 def test_mlp_depth_50_tat_leaky_relu(sp):
     t0 = time.perf_counter()
@@ -239,7 +266,7 @@ def test_mlp_depth_50_tat_leaky_relu(sp):
     act = net.get_submodule("net.1")
     assert isinstance(act, TransformedActivation) and act.name == "leaky_relu"
     assert act.params["negative_slope"] == pytest.approx(sol.negative_slope)
-    assert act.output_scale == pytest.approx(math.sqrt(2 / (1 + sol.negative_slope ** 2)))
+    assert act.output_scale == pytest.approx(math.sqrt(2 / (1 + sol.negative_slope**2)))
     w = net.get_submodule("net.10").weight.detach().double()
     assert torch.allclose(w @ w.T, torch.eye(256, dtype=torch.float64), atol=1e-5)  # orthogonal, gain 1
     assert torch.count_nonzero(net.get_submodule("net.10").bias) == 0
@@ -254,6 +281,7 @@ def test_mlp_depth_50_tat_leaky_relu(sp):
 
 # -- (2) ResNet with x + f(x) blocks ----------------------------------------------------------------
 
+
 def test_resnet_sums_tat_leaky_relu(sp):
     t0 = time.perf_counter()
     x = torch.randn(2, 8, 8, 8)
@@ -263,7 +291,7 @@ def test_resnet_sums_tat_leaky_relu(sp):
     assert ops["sum"] == 6 and ops["conv"] == 13 and ops["activation"] == 12 and ops["global_avg_pool"] == 1, ops
     sums = [nd for nd in graph["nodes"] if nd["op"] == "sum"]
     assert sums[0]["inputs"] == ["stem", "blocks.0.f.3"]
-    assert sums[0]["weights"] == pytest.approx([2 ** -0.5, 2 ** -0.5])
+    assert sums[0]["weights"] == pytest.approx([2**-0.5, 2**-0.5])
     conv = next(nd for nd in graph["nodes"] if nd["id"] == "blocks.0.f.1")
     assert conv["kernel"] == [3, 3] and conv["padding"] == "same" and conv["channels"] == 64
 
@@ -282,7 +310,7 @@ def test_resnet_sums_tat_leaky_relu(sp):
     assert {ch.distribution for ch in report.layers if ch.op == "conv"} == {"orthogonal_delta"}
     net = report.model
     adds = [m for m in net.modules() if isinstance(m, NormalizedSum)]
-    assert len(adds) == 6 and all(m.weights == pytest.approx([2 ** -0.5] * 2) for m in adds)
+    assert len(adds) == 6 and all(m.weights == pytest.approx([2**-0.5] * 2) for m in adds)
     # the adds now compute the normalized sum
     blk = net.get_submodule("sigprop_sum_add")
     a, b = torch.randn(3, 64, 8, 8), torch.randn(3, 64, 8, 8)
@@ -310,8 +338,13 @@ def test_trainable_residual_beta_and_slope(sp):
     x = torch.randn(2, 8, 8, 8)
     model = ResNet(c=16, blocks=3)
     graph = graph_from_module(model, x)
-    sol = sp.solve(graph, "tat", "leaky_relu", {"eta": 0.4},
-                   trainable={"negative_slope": True, "residual_beta": "global", "beta": 0.5})
+    sol = sp.solve(
+        graph,
+        "tat",
+        "leaky_relu",
+        {"eta": 0.4},
+        trainable={"negative_slope": True, "residual_beta": "global", "beta": 0.5},
+    )
     assert sol.trainable.residual_beta.sums == ["add", "add_1", "add_2"]
     report = apply(model, sol, graph=graph, example_input=x, seed=0)
     sums = {c.id: c for c in report.sums}
@@ -328,6 +361,7 @@ def test_trainable_residual_beta_and_slope(sp):
 
 
 # -- (3) DenseNet-style concatenation -------------------------------------------------------------
+
 
 def test_densenet_concat_end_to_end(sp):
     t0 = time.perf_counter()
@@ -351,6 +385,7 @@ def test_densenet_concat_end_to_end(sp):
 
 
 # -- (4) unsupported ops -------------------------------------------------------------------------
+
 
 def test_batchnorm_is_unsupported_unless_allowed(sp):
     model = WithBatchNorm()
@@ -397,6 +432,7 @@ def test_report_is_honest_about_unmatched_layers(sp):
 
 # -- (5) smooth TAT ------------------------------------------------------------------------------
 
+
 def test_smooth_tat_softplus(sp):
     t0 = time.perf_counter()
     model = MLP(20, 256, act=nn.Softplus)
@@ -417,6 +453,7 @@ def test_smooth_tat_softplus(sp):
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     # and it agrees with the engine's definition of the transformed activation
     from sigprop.engine.activations import get_activation, transformed
+
     engine = transformed(get_activation("softplus"), a, b, c, d)
     np.testing.assert_allclose(got, engine(z), rtol=1e-12, atol=1e-12)
     TIMINGS["softplus extract+solve+apply"] = time.perf_counter() - t0
@@ -428,6 +465,7 @@ def test_smooth_tat_softplus(sp):
 
 
 # -- extraction details (no service) -------------------------------------------------------------
+
 
 class Functional(nn.Module):
     def __init__(self):
@@ -447,7 +485,9 @@ class Functional(nn.Module):
 
 
 def test_functional_calls_conv1d_and_names():
-    graph = graph_from_module(Functional(), torch.randn(3, 4, 16), keep_fn=True)
+    # activations in a row and on a sum's branches: outside the kernel theory, so extracted under "warn"
+    with pytest.warns(UserWarning, match="assumptions not met"):
+        graph = graph_from_module(Functional(), torch.randn(3, 4, 16), keep_fn=True, assumptions="warn")
     nodes = {nd["id"]: nd for nd in graph["nodes"]}
     assert nodes["x"] == {"id": "x", "op": "input", "shape": [4, 16, 1]}
     assert nodes["c1"]["kernel"] == [5, 1] and nodes["c1"]["padding"] == "same"
@@ -456,24 +496,46 @@ def test_functional_calls_conv1d_and_names():
     fns = {nd["id"]: nd.get("fn") for nd in graph["nodes"] if nd["op"] == "activation"}
     assert fns == {"relu": "relu", "silu": "swish", "tanh": "tanh", "g": "gelu_tanh", "gelu": "gelu", "elu": "elu"}
     assert nodes["add"]["op"] == "sum" and nodes["add"]["inputs"] == ["silu", "tanh"]
-    assert nodes["view"]["op"] == "flatten" and nodes["drop"] == {"id": "drop", "op": "dropout", "inputs": ["gelu"],
-                                                                   "rate": 0.1}
+    assert nodes["view"]["op"] == "flatten" and nodes["drop"] == {
+        "id": "drop",
+        "op": "dropout",
+        "inputs": ["gelu"],
+        "rate": 0.1,
+    }
     assert nodes["output"] == {"id": "output", "op": "output", "inputs": ["elu"]}
 
 
 def test_transformed_activation_definitions():
     from sigprop.engine.activations import get_activation, transformed
+
     z = np.linspace(-6, 6, 1201)
-    cases = [("relu_tau", {"tau": 0.7}), ("soft_threshold", {"tau": 0.4}), ("crelu", {"tau": 0.3, "m": 1.5}),
-             ("cst", {"tau": 0.2, "m": 0.8}), ("leaky_relu", {"negative_slope": 0.2}), ("gelu", {}),
-             ("gelu_tanh", {}), ("swish", {}), ("selu", {}), ("elu", {"alpha": 1.3}), ("tanh", {}),
-             ("erf", {}), ("sigmoid", {}), ("softsign", {}), ("bentid", {}), ("asinh", {}), ("atan", {})]
+    cases = [
+        ("relu_tau", {"tau": 0.7}),
+        ("soft_threshold", {"tau": 0.4}),
+        ("crelu", {"tau": 0.3, "m": 1.5}),
+        ("cst", {"tau": 0.2, "m": 0.8}),
+        ("leaky_relu", {"negative_slope": 0.2}),
+        ("gelu", {}),
+        ("gelu_tanh", {}),
+        ("swish", {}),
+        ("selu", {}),
+        ("elu", {"alpha": 1.3}),
+        ("tanh", {}),
+        ("erf", {}),
+        ("sigmoid", {}),
+        ("softsign", {}),
+        ("bentid", {}),
+        ("asinh", {}),
+        ("atan", {}),
+    ]
     for name, params in cases:
-        mod = TransformedActivation(name, input_scale=1.3, input_shift=-0.2, output_scale=0.9, output_shift=0.1,
-                                    **params).double()
+        mod = TransformedActivation(
+            name, input_scale=1.3, input_shift=-0.2, output_scale=0.9, output_shift=0.1, **params
+        ).double()
         ref = transformed(get_activation(name, **params), 1.3, -0.2, 0.9, 0.1)
-        np.testing.assert_allclose(mod(torch.from_numpy(z)).detach().numpy(), ref(z), rtol=1e-10, atol=1e-12,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            mod(torch.from_numpy(z)).detach().numpy(), ref(z), rtol=1e-10, atol=1e-12, err_msg=name
+        )
     trelu = TransformedActivation("leaky_relu", negative_slope=0.3, trainable_slope=True)
     assert isinstance(trelu.negative_slope, nn.Parameter)
     trelu(torch.randn(5)).sum().backward()
@@ -481,8 +543,10 @@ def test_transformed_activation_definitions():
 
 
 def test_import_without_torch_says_how_to_install():
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "try:\n    import sigprop.client.torch\nexcept ImportError as e:\n    print('IMPORT-ERROR', e)\n")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "try:\n    import sigprop.client.torch\nexcept ImportError as e:\n    print('IMPORT-ERROR', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "IMPORT-ERROR" in out.stdout and "pip install 'sigprop[torch]'" in out.stdout, out.stdout + out.stderr
 

@@ -1,4 +1,4 @@
-"""The dashboard without a browser (issue 7): every page over HTTP, with the app in this process
+"""The dashboard without a browser: every page over HTTP, with the app in this process
 (httpx through Starlette's TestClient) on both cache backends (the embedded SQLite file and a
 private redis-server), solutions made by POST /v1/solve plus records written straight into the
 cache (many, for paging; one with a script tag in its ids and activation, for escaping), and
@@ -16,38 +16,55 @@ from types import SimpleNamespace
 
 import pytest
 import redis
-from fastapi import Depends
+from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from sigprop.api.app import create_app
-from sigprop.api.dashboard import dashboard_router, form_catalog
-from sigprop.cache import new_record
 from sigprop.dashboard import views
+from sigprop.dashboard.router import form_catalog
+from sigprop.dashboard.router import router as dashboard_router
 from sigprop.engine.solve import METHOD_TARGETS
 from sigprop.engine.templates import describe_templates
 from sigprop.settings import Settings
-from sigprop.worker.queue import RedisValidationStore, SqliteValidationStore
+from sigprop.storage import RedisValidationStore, SqliteValidationStore, new_record
 
 from .dashboard_fixtures import EVIL, EVIL_KEY, evil_record
 from .service_fixtures import assert_error, start_redis
 
 API_KEY = "dashboard-test-key"
 SOLVES = {
-    "tat_lrelu": {"graph": {"template": "mlp", "depth": 12, "width": 16}, "method": "tat", "activation": "leaky_relu",
-                  "targets": {"eta": 0.8}},
-    "tat_softplus": {"graph": {"template": "resnet", "depth": 18, "shortcut_weight": 0.8}, "method": "tat",
-                     "activation": "softplus", "targets": {"tau": 0.3}},
-    "dks": {"graph": {"template": "mlp", "depth": 8, "width": 16}, "method": "dks", "activation": "tanh",
-            "targets": {"zeta": 1.5}},
+    "tat_lrelu": {
+        "graph": {"template": "mlp", "depth": 12, "width": 16},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": 0.8},
+    },
+    "tat_softplus": {
+        "graph": {"template": "resnet", "depth": 18, "shortcut_weight": 0.8},
+        "method": "tat",
+        "activation": "softplus",
+        "targets": {"tau": 0.3},
+    },
+    "dks": {
+        "graph": {"template": "mlp", "depth": 8, "width": 16},
+        "method": "dks",
+        "activation": "tanh",
+        "targets": {"zeta": 1.5},
+    },
     "eoc": {"graph": {"template": "cnn", "depth": 6, "width": 8}, "method": "eoc", "activation": "tanh"},
-    "sparse": {"graph": {"template": "mlp", "depth": 6, "width": 16}, "method": "sparse_eoc", "activation": "crelu",
-               "targets": {"sparsity": 0.7, "v_slope": 0.7}},
+    "sparse": {
+        "graph": {"template": "mlp", "depth": 6, "width": 16},
+        "method": "sparse_eoc",
+        "activation": "crelu",
+        "targets": {"sparsity": 0.7, "v_slope": 0.7},
+    },
     "geometric": {"graph": {"template": "cnn", "depth": 6, "width": 8}, "method": "geometric", "activation": "relu"},
 }
 FILLERS = 60  # extra records, so that listing pages through several pages
 
 
 # -- fixtures -----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
@@ -64,10 +81,18 @@ def tiny_results():
     from sigprop.schemas.solve import SolveRequest
     from sigprop.worker.training import run_validation
 
-    req = {"graph": {"template": "mlp", "depth": 3, "width": 8, "input_shape": [64], "classes": 10},
-           "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.5}}
-    return run_validation({"dataset": "digits", "steps": 12, "batch_size": 16, "baselines": ["he"]}, req["graph"],
-                          solve(SolveRequest.model_validate(req)), device="cpu")
+    req = {
+        "graph": {"template": "mlp", "depth": 3, "width": 8, "input_shape": [64], "classes": 10},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": 0.5},
+    }
+    return run_validation(
+        {"dataset": "digits", "steps": 12, "batch_size": 16, "baselines": ["he"]},
+        req["graph"],
+        solve(SolveRequest.model_validate(req)),
+        device="cpu",
+    )
 
 
 @pytest.fixture(scope="module", params=["sqlite", "redis"])
@@ -85,11 +110,23 @@ def dash(request, tmp_path_factory, redis_server, tiny_results):
         cache = app.state.cache
         fillers = plant_fillers(cache, keys)
         cache.put(evil_record())
-        store = (RedisValidationStore(redis.Redis.from_url(url)) if url
-                 else SqliteValidationStore(Path(tmp) / "solutions.sqlite3"))
+        store = (
+            RedisValidationStore(redis.Redis.from_url(url))
+            if url
+            else SqliteValidationStore(Path(tmp) / "solutions.sqlite3")
+        )
         finished, running = plant_validations(store, keys["tat_lrelu"], tiny_results)
-        yield SimpleNamespace(client=client, keys=keys, cache=cache, store=store, backend=request.param,
-                              fillers=fillers, finished=finished, running=running, app=app)
+        yield SimpleNamespace(
+            client=client,
+            keys=keys,
+            cache=cache,
+            store=store,
+            backend=request.param,
+            fillers=fillers,
+            finished=finished,
+            running=running,
+            app=app,
+        )
         store.close()
 
 
@@ -125,6 +162,7 @@ def plant_validations(store, key: str, results: dict) -> tuple[str, str]:
 
 # -- helpers ------------------------------------------------------------------------------------
 
+
 def page(client, path: str, status: int = 200) -> str:
     r = client.get(path)
     assert r.status_code == status, (path, r.status_code, r.text[:500])
@@ -151,12 +189,13 @@ def all_summaries(cache) -> list[dict]:
 
 # -- the list page --------------------------------------------------------------------------------
 
+
 def test_list_page_newest_first_with_summaries(dash):
     text = page(dash.client, "/dashboard")
     expected = [s["key"] for s in all_summaries(dash.cache)]
     assert listed_keys(text) == expected[:50]
     assert f"1–50 of {len(expected)} solutions" in text
-    row = re.search(rf'{dash.keys["tat_softplus"][:12]}….*?</tr>', text, re.S).group(0)
+    row = re.search(rf"{dash.keys['tat_softplus'][:12]}….*?</tr>", text, re.S).group(0)
     cells = [html.unescape(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
     summary = next(s for s in all_summaries(dash.cache) if s["key"] == dash.keys["tat_softplus"])
     g = summary["graph_summary"]
@@ -183,18 +222,21 @@ def test_pages_through_every_solution_once(dash):
     assert "past the end" in past and not listed_keys(past)
 
 
-@pytest.mark.parametrize("query, keep", [
-    ("method=eoc", lambda s: s["method"] == "eoc"),
-    ("activation=tanh", lambda s: s["activation"] == "tanh"),
-    ("method=dks&activation=tanh", lambda s: s["method"] == "dks" and s["activation"] == "tanh"),
-    ("method=tat&activation=tanh", lambda s: False),
-    ("q=sparse_eoc", lambda s: s["method"] == "sparse_eoc"),
-    ("q=SOFTPLUS", lambda s: s["activation"] == "softplus"),
-    ("q=000", lambda s: s["key"].startswith("000")),
-    ("q=00&method=eoc", lambda s: s["key"].startswith("00") and s["method"] == "eoc"),
-    ("q=00&method=dks&activation=tanh", lambda s: s["key"].startswith("00") and s["method"] == "dks"),
-    ("q=not-a-thing", lambda s: False),
-])
+@pytest.mark.parametrize(
+    "query, keep",
+    [
+        ("method=eoc", lambda s: s["method"] == "eoc"),
+        ("activation=tanh", lambda s: s["activation"] == "tanh"),
+        ("method=dks&activation=tanh", lambda s: s["method"] == "dks" and s["activation"] == "tanh"),
+        ("method=tat&activation=tanh", lambda s: False),
+        ("q=sparse_eoc", lambda s: s["method"] == "sparse_eoc"),
+        ("q=SOFTPLUS", lambda s: s["activation"] == "softplus"),
+        ("q=000", lambda s: s["key"].startswith("000")),
+        ("q=00&method=eoc", lambda s: s["key"].startswith("00") and s["method"] == "eoc"),
+        ("q=00&method=dks&activation=tanh", lambda s: s["key"].startswith("00") and s["method"] == "dks"),
+        ("q=not-a-thing", lambda s: False),
+    ],
+)
 def test_filters_and_search(dash, query, keep):
     expected = [s["key"] for s in all_summaries(dash.cache) if keep(s)]
     text = page(dash.client, f"/dashboard?limit=200&{query}")
@@ -226,10 +268,21 @@ def test_fast_summaries_equal_the_records(dash):
     slow = all_summaries(dash.cache)
     total, fast = dash.cache.list_summaries(0, 500)
     assert total == len(slow) and fast == slow
-    for method, activation, prefix in [("tat", None, None), (None, "tanh", None), ("dks", "tanh", None),
-                                       (None, None, "0"), ("eoc", None, "00"), (None, None, EVIL_KEY[:5])]:
-        want = [s for s in slow if (not method or s["method"] == method) and (not activation or s["activation"] == activation)
-                and (not prefix or s["key"].startswith(prefix))]
+    for method, activation, prefix in [
+        ("tat", None, None),
+        (None, "tanh", None),
+        ("dks", "tanh", None),
+        (None, None, "0"),
+        ("eoc", None, "00"),
+        (None, None, EVIL_KEY[:5]),
+    ]:
+        want = [
+            s
+            for s in slow
+            if (not method or s["method"] == method)
+            and (not activation or s["activation"] == activation)
+            and (not prefix or s["key"].startswith(prefix))
+        ]
         total, got = dash.cache.list_summaries(0, 500, method, activation, prefix)
         assert (total, got) == (len(want), want), (method, activation, prefix)
         total, page_ = dash.cache.list_summaries(1, 2, method, activation, prefix)
@@ -239,9 +292,18 @@ def test_fast_summaries_equal_the_records(dash):
 
 
 def test_summary_part_reads_flat_objects():
-    answer = json.dumps({"key": "k", "activation": 'x"targets":{"eta":1}', "targets": {"eta": 0.9},
-                         "graph_summary": {"nodes": 3, "depth": 1}, "c_map": {"c": [0]}}, separators=(",", ":"))
-    from sigprop.cache import summary_part
+    answer = json.dumps(
+        {
+            "key": "k",
+            "activation": 'x"targets":{"eta":1}',
+            "targets": {"eta": 0.9},
+            "graph_summary": {"nodes": 3, "depth": 1},
+            "c_map": {"c": [0]},
+        },
+        separators=(",", ":"),
+    )
+    from sigprop.storage.records import summary_part
+
     assert summary_part(answer, "targets") == {"eta": 0.9}
     assert summary_part(answer, "graph_summary") == {"nodes": 3, "depth": 1}
     assert summary_part(answer, "missing") is None
@@ -249,6 +311,7 @@ def test_summary_part_reads_flat_objects():
 
 
 # -- the solution page ----------------------------------------------------------------------------
+
 
 def test_solution_page_tat_leaky_relu(dash):
     key = dash.keys["tat_lrelu"]
@@ -265,13 +328,15 @@ def test_solution_page_tat_leaky_relu(dash):
     assert plots["c_map"]["c"] == answer["c_map"]["c"]
     assert "the answer&#39;s own" in text
     # the diagram: one node per graph node, one tooltip naming each weighted layer
-    svg = text[text.index('<svg id="graph-svg"'):]
-    nodes_svg = svg[svg.index('<g class="nodes">'):svg.index("</g>")]
+    svg = text[text.index('<svg id="graph-svg"') :]
+    nodes_svg = svg[svg.index('<g class="nodes">') : svg.index("</g>")]
     assert nodes_svg.count("<path ") == answer["graph_summary"]["nodes"]
     for layer in answer["layers"]:
         assert f"<title>{layer['id']}\nop: dense" in text
     # the validations of this solution, newest first
-    assert text.index(f'/dashboard/validations/{dash.running}"') < text.index(f'/dashboard/validations/{dash.finished}"')
+    assert text.index(f'/dashboard/validations/{dash.running}"') < text.index(
+        f'/dashboard/validations/{dash.finished}"'
+    )
 
 
 def test_solution_page_computes_the_untransformed_map(dash):
@@ -291,8 +356,11 @@ def test_untransformed_map_is_skipped_for_huge_graphs(dash):
     record = dash.client.get(f"/v1/solutions/{dash.keys['dks']}").json()
     panel = views.c_map_panel("not-memoized", record["answer"], record["request"], max_nodes=5)
     assert "not computed here" in panel["notes"][0]
-    assert [s["name"] for s in panel["series"]] == ["identity (C(c) = c)", "solved network (global C map)",
-                                                    "one layer (local C map)"]
+    assert [s["name"] for s in panel["series"]] == [
+        "identity (C(c) = c)",
+        "solved network (global C map)",
+        "one layer (local C map)",
+    ]
 
 
 def test_solution_page_eoc_sparse_geometric(dash):
@@ -310,14 +378,21 @@ def test_solution_page_eoc_sparse_geometric(dash):
     geometric = page(dash.client, f"/dashboard/solutions/{dash.keys['geometric']}")
     answer = dash.client.get(f"/v1/solutions/{dash.keys['geometric']}").json()["answer"]
     gr = page_data(geometric)["gr"]
-    assert gr["gamma"] == [la["gamma"] for la in answer["layers"]] and gr["alpha"] == [la["alpha"] for la in answer["layers"]]
+    assert gr["gamma"] == [la["gamma"] for la in answer["layers"]] and gr["alpha"] == [
+        la["alpha"] for la in answer["layers"]
+    ]
     assert "This answer has no C map" in geometric and 'id="gr-plot"' in geometric
 
 
 def test_diagram_layout():
-    nodes = [{"id": "x", "op": "input", "shape": [4]}, {"id": "d", "op": "dense", "inputs": ["x"]},
-             {"id": "a", "op": "activation", "inputs": ["d"]}, {"id": "e", "op": "dense", "inputs": ["a"]},
-             {"id": "s", "op": "sum", "inputs": ["d", "e"]}, {"id": "o", "op": "output", "inputs": ["s"]}]
+    nodes = [
+        {"id": "x", "op": "input", "shape": [4]},
+        {"id": "d", "op": "dense", "inputs": ["x"]},
+        {"id": "a", "op": "activation", "inputs": ["d"]},
+        {"id": "e", "op": "dense", "inputs": ["a"]},
+        {"id": "s", "op": "sum", "inputs": ["d", "e"]},
+        {"id": "o", "op": "output", "inputs": ["s"]},
+    ]
     g = views.diagram(nodes)
     assert [n["x"] for n in g["nodes"]] == sorted(n["x"] for n in g["nodes"])  # one level per step of depth
     assert len({n["x"] for n in g["nodes"]}) == 6 and g["levels"] == 6
@@ -330,7 +405,9 @@ def test_diagram_layout():
     g = views.diagram(cyclic)
     assert g["shown"] == 6 and "cycle" in g["notes"][0]
     # a graph over the cap: the first levels, whole
-    chain = [{"id": "n0", "op": "input"}] + [{"id": f"n{i}", "op": "dense", "inputs": [f"n{i - 1}"]} for i in range(1, 50)]
+    chain = [{"id": "n0", "op": "input"}] + [
+        {"id": f"n{i}", "op": "dense", "inputs": [f"n{i - 1}"]} for i in range(1, 50)
+    ]
     g = views.diagram(chain, max_nodes=20)
     assert g["shown"] == 20 and g["count"] == 50 and "(levels 0 to 19 of 50)" in g["notes"][0]
     wide = [{"id": "i", "op": "input"}] + [{"id": f"d{k}", "op": "dense", "inputs": ["i"]} for k in range(3000)]
@@ -339,6 +416,7 @@ def test_diagram_layout():
 
 
 # -- escaping ----------------------------------------------------------------------------------
+
 
 def assert_escaped(text: str) -> None:
     assert EVIL not in text and "alert(1)</script>" not in text
@@ -366,8 +444,14 @@ def test_records_of_another_shape_never_fail_a_page(dash):
     can, and whatever still cannot be drawn answers a page that says so (never a 500)."""
     rec = evil_record("d" * 64)
     answer = json.loads(rec.answer)
-    answer.update(graph_summary="three nodes", jacobian=[1], layers=[{"id": "x", "kernel": 3}, "junk"],
-                  c_map={"c": [0.0, 1.0], "global": [0.1, 1.0]}, fixed_points="none", v_map={"q": [1.0], "v": [1.0]})
+    answer.update(
+        graph_summary="three nodes",
+        jacobian=[1],
+        layers=[{"id": "x", "kernel": 3}, "junk"],
+        c_map={"c": [0.0, 1.0], "global": [0.1, 1.0]},
+        fixed_points="none",
+        v_map={"q": [1.0], "v": [1.0]},
+    )
     rec2 = new_record("d" * 64, json.dumps(answer), rec.request, rec.ids, "tat", "leaky_relu")
     dash.cache.put(rec2)
     text = page(dash.client, "/dashboard/solutions/" + "d" * 64)
@@ -389,16 +473,28 @@ def test_records_of_another_shape_never_fail_a_page(dash):
     weird = "c" * 32
     dash.store.create(weird, "k", {"steps": "many"}, time.time())
     dash.store.start(weird, "cpu")
-    dash.store.finish(weird, {"runs": {"solved": {"loss": {"steps": 3, "values": None}, "grad_norms": [7]}},
-                              "summary": "text"})
+    dash.store.finish(
+        weird, {"runs": {"solved": {"loss": {"steps": 3, "values": None}, "grad_norms": [7]}}, "summary": "text"}
+    )
     text = page(dash.client, f"/dashboard/validations/{weird}")
     assert "No loss curves" in text
 
 
 def test_validation_names_are_escaped_for_plotly():
-    job = {"id": "x", "status": "finished", "key": "k", "results": {"runs": {EVIL: {
-        "loss": {"steps": [1], "values": [2.0]}, "grad_norms": [{"step": 0, "norms": {EVIL: 1.0}}],
-        "c_values": {"layers": {EVIL: 0.1}, "output": 0.1, "predicted_output": 0.2}}}}}
+    job = {
+        "id": "x",
+        "status": "finished",
+        "key": "k",
+        "results": {
+            "runs": {
+                EVIL: {
+                    "loss": {"steps": [1], "values": [2.0]},
+                    "grad_norms": [{"step": 0, "norms": {EVIL: 1.0}}],
+                    "c_values": {"layers": {EVIL: 0.1}, "output": 0.1, "predicted_output": 0.2},
+                }
+            }
+        },
+    }
     view = views.validation_view(job)
     escaped = html.escape(EVIL, quote=False)
     assert view["plots"]["loss"][0]["name"] == escaped
@@ -408,6 +504,7 @@ def test_validation_names_are_escaped_for_plotly():
 
 
 # -- validations -------------------------------------------------------------------------------
+
 
 def test_validation_page_finished(dash, tiny_results):
     text = page(dash.client, f"/dashboard/validations/{dash.finished}")
@@ -464,10 +561,15 @@ def test_redis_key_index_covers_older_validations(redis_server):
 
 # -- errors, assets, wiring ------------------------------------------------------------------------
 
+
 def test_unknown_keys_and_ids_answer_404(dash):
-    for path in ("/dashboard/solutions/" + "0" * 64, "/dashboard/solutions/no%3Cscript%3E",
-                 "/dashboard/solutions/" + "x" * 200, "/dashboard/validations/" + "0" * 32,
-                 "/dashboard/validations/bad%20id"):
+    for path in (
+        "/dashboard/solutions/" + "0" * 64,
+        "/dashboard/solutions/no%3Cscript%3E",
+        "/dashboard/solutions/" + "x" * 200,
+        "/dashboard/validations/" + "0" * 32,
+        "/dashboard/validations/bad%20id",
+    ):
         text = page(dash.client, path, 404)
         assert "No such" in text and "no<script" not in text and "no%3Cscript" not in text
     assert_error(dash.client.get("/dashboard/validations/" + "0" * 32 + ".json"), 404, "not_found")
@@ -486,6 +588,7 @@ def test_static_files_are_versioned_cached_and_local(dash):
     assert {u.rsplit("/", 1)[1] for u in static} >= {"dashboard.js", "dashboard.css", "favicon.svg"}
     plotly_url = re.search(r'data-plotly="(/dashboard/static/[0-9a-f]{16}/plotly-[^"]+\.min\.js)"', text).group(1)
     import plotly
+
     bundled = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
     r = dash.client.get(plotly_url, headers={"Accept-Encoding": "gzip"})
     assert r.status_code == 200 and r.content == bundled
@@ -506,7 +609,11 @@ def test_solve_form_offers_the_templates_and_methods(dash):
     assert catalog["templates"] == describe_templates() == dash.client.get("/v1/templates").json()
     assert set(catalog["methods"]) == set(METHOD_TARGETS)
     assert catalog["methods"]["tat"]["targets"]["leaky_relu"][0]["name"] == "eta"
-    assert [t["name"] for t in catalog["methods"]["sparse_eoc"]["targets"]["crelu"]] == ["sparsity", "v_slope", "q_star"]
+    assert [t["name"] for t in catalog["methods"]["sparse_eoc"]["targets"]["crelu"]] == [
+        "sparsity",
+        "v_slope",
+        "q_star",
+    ]
     assert 'id="api-key"' in text and 'type="password"' in text
 
 
@@ -521,12 +628,15 @@ def test_every_route_takes_the_given_dependencies(tmp_path):
     def read_key():
         return None
 
-    app = create_app(Settings(data_dir=tmp_path))
-    service = app.state.service
-    validations = SimpleNamespace()
-    router = dashboard_router(Settings(data_dir=tmp_path), service, validations, dependencies=[Depends(read_key)])
+    # The dashboard's router is a module-level APIRouter: the dependencies are given where it is
+    # included (as create_app includes it behind the read-access check), and every route gets them.
+    app = FastAPI()
+    app.include_router(dashboard_router, dependencies=[Depends(read_key)])
+    (included,) = [r for r in app.routes if getattr(r, "original_router", None) is dashboard_router]
+    router = included.original_router
     assert router.routes
     for route in router.routes:
-        assert [d.dependency for d in route.dependencies] == [read_key], route.path
+        dependencies = [*included.include_context.dependencies, *route.dependencies]  # what FastAPI runs
+        assert [d.dependency for d in dependencies] == [read_key], route.path
         assert route.include_in_schema is False
     assert form_catalog()["methods"].keys() == METHOD_TARGETS.keys()

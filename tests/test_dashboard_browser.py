@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sigprop.cache import SqliteSolutionCache
-from sigprop.worker.queue import SqliteValidationStore
+from sigprop.storage import SqliteSolutionCache, SqliteValidationStore
 
 from .dashboard_fixtures import CHROMEDRIVER, CHROMIUM, EVIL, EVIL_KEY, evil_record, headless_chromium
 from .service_fixtures import start_service
@@ -26,31 +25,56 @@ ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
 API_KEY = "dashboard-browser-key"
 WAIT_S = 20.0
 
-pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-                                reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
-                                       "/usr/bin/chromedriver): apt-get install chromium chromium-driver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, "
+    "/usr/bin/chromedriver): apt-get install chromium chromium-driver",
+)
 
 SOLVES = {
-    "tat_lrelu": {"graph": {"template": "mlp", "depth": 20, "width": 64}, "method": "tat",
-                  "activation": "leaky_relu", "targets": {"eta": 0.9}},
-    "tat_softplus_resnet": {"graph": {"template": "resnet", "depth": 18, "shortcut_weight": 0.8}, "method": "tat",
-                            "activation": "softplus", "targets": {"tau": 0.3}},
-    "sparse": {"graph": {"template": "mlp", "depth": 10, "width": 64}, "method": "sparse_eoc", "activation": "crelu",
-               "targets": {"sparsity": 0.7, "v_slope": 0.7}},
+    "tat_lrelu": {
+        "graph": {"template": "mlp", "depth": 20, "width": 64},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": 0.9},
+    },
+    "tat_softplus_resnet": {
+        "graph": {"template": "resnet", "depth": 18, "shortcut_weight": 0.8},
+        "method": "tat",
+        "activation": "softplus",
+        "targets": {"tau": 0.3},
+    },
+    "sparse": {
+        "graph": {"template": "mlp", "depth": 10, "width": 64},
+        "method": "sparse_eoc",
+        "activation": "crelu",
+        "targets": {"sparsity": 0.7, "v_slope": 0.7},
+    },
     "geometric": {"graph": {"template": "cnn", "depth": 8, "width": 16}, "method": "geometric", "activation": "relu"},
 }
-VALIDATION = {"solve": {"graph": {"template": "mlp", "depth": 4, "width": 16, "input_shape": [64], "classes": 10},
-                        "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.5}},
-              "dataset": "digits", "steps": 40, "batch_size": 32, "baselines": ["he", "eoc"]}
+VALIDATION = {
+    "solve": {
+        "graph": {"template": "mlp", "depth": 4, "width": 16, "input_shape": [64], "classes": 10},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": 0.5},
+    },
+    "dataset": "digits",
+    "steps": 40,
+    "batch_size": 32,
+    "baselines": ["he", "eoc"],
+}
 
 
 # -- fixtures -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash-browser")
-    svc = start_service(tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"),
-                              "SIGPROP_API_KEYS": API_KEY})
+    svc = start_service(
+        tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": API_KEY}
+    )
     svc.data_file = tmp / "data" / "solutions.sqlite3"
     yield svc
     svc.stop()
@@ -95,6 +119,7 @@ def fresh_console(driver):
 
 # -- helpers ------------------------------------------------------------------------------------
 
+
 def wait_for(driver, condition, what: str, timeout_s: float = WAIT_S):
     """``condition(driver)`` once truthy; elements that vanish in a reload meanwhile are retried.
     An element found just before a reload and read just after can also fail with chromedriver's
@@ -104,8 +129,9 @@ def wait_for(driver, condition, what: str, timeout_s: float = WAIT_S):
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(driver, timeout_s, poll_frequency=0.05,
-                             ignored_exceptions=(WebDriverException,)).until(condition)
+        return WebDriverWait(driver, timeout_s, poll_frequency=0.05, ignored_exceptions=(WebDriverException,)).until(
+            condition
+        )
     except Exception as exc:
         screenshot(driver, f"failed-{re.sub(r'[^a-z0-9]+', '-', what.lower())[:40]}")
         raise AssertionError(f"timed out waiting for {what} on {driver.current_url}") from exc
@@ -115,26 +141,31 @@ def rendered_lines(driver, plot_id: str) -> list[str]:
     """The `d` of every line plotly has drawn in a plot (a straight line is just "M..L.."), or []."""
     paths = driver.execute_script(
         "return Array.from(document.querySelectorAll(arguments[0])).map(p => p.getAttribute('d') || '')",
-        f"#{plot_id} .scatterlayer .trace path.js-line")
+        f"#{plot_id} .scatterlayer .trace path.js-line",
+    )
     return [d for d in paths if d.startswith("M") and "L" in d]
 
 
 def rendered_points(driver, plot_id: str) -> int:
-    return driver.execute_script("return document.querySelectorAll(arguments[0]).length",
-                                 f"#{plot_id} .scatterlayer .trace .points path")
+    return driver.execute_script(
+        "return document.querySelectorAll(arguments[0]).length", f"#{plot_id} .scatterlayer .trace .points path"
+    )
 
 
 def diagram_nodes(driver) -> list[str]:
     """The tooltips of the nodes of the server-drawn graph diagram."""
-    return driver.execute_script("return Array.from(document.querySelectorAll('#graph-svg .nodes path'))"
-                                 ".map(p => p.querySelector('title').textContent)")
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#graph-svg .nodes path'))"
+        ".map(p => p.querySelector('title').textContent)"
+    )
 
 
 def screenshot(driver, name: str) -> Path:
     """A PNG of the whole page (the window grown to the page's height, at most 5000 px)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return Math.min(5000, document.documentElement.scrollHeight"
-                                   " + window.outerHeight - window.innerHeight)")
+    height = driver.execute_script(
+        "return Math.min(5000, document.documentElement.scrollHeight + window.outerHeight - window.innerHeight)"
+    )
     driver.set_window_size(1400, max(800, height))
     path = ARTIFACTS / f"{name}.png"
     driver.save_screenshot(str(path))
@@ -160,12 +191,15 @@ def severe_console_errors(driver) -> list[str]:
 
 # -- tests --------------------------------------------------------------------------------------
 
+
 def test_list_then_solution_page_draws_the_c_map(service, keys, driver):
     from selenium.webdriver.common.by import By
 
     driver.get(f"{service.base_url}/dashboard")
-    links = {a.get_attribute("href").rsplit("/", 1)[1]
-             for a in driver.find_elements(By.CSS_SELECTOR, "table.solutions tbody a.key")}
+    links = {
+        a.get_attribute("href").rsplit("/", 1)[1]
+        for a in driver.find_elements(By.CSS_SELECTOR, "table.solutions tbody a.key")
+    }
     assert set(keys.values()) <= links, links
     screenshot(driver, "list")
     driver.find_element(By.CSS_SELECTOR, f'a[href="/dashboard/solutions/{keys["tat_lrelu"]}"]').click()
@@ -178,13 +212,13 @@ def test_list_then_solution_page_draws_the_c_map(service, keys, driver):
     screenshot(driver, "solution-tat-leaky-relu")
 
 
-@pytest.mark.parametrize("name, plots", [("tat_softplus_resnet", ["c-map"]), ("sparse", ["c-map", "v-map"]),
-                                         ("geometric", ["gr-plot"])])
+@pytest.mark.parametrize(
+    "name, plots", [("tat_softplus_resnet", ["c-map"]), ("sparse", ["c-map", "v-map"]), ("geometric", ["gr-plot"])]
+)
 def test_method_specific_plots(service, keys, driver, name, plots):
     driver.get(f"{service.base_url}/dashboard/solutions/{keys[name]}")
     for plot in plots:
-        wait_for(driver, lambda d: rendered_lines(d, plot) or rendered_points(d, plot),
-                 f"the {plot} plot")
+        wait_for(driver, lambda d: rendered_lines(d, plot) or rendered_points(d, plot), f"the {plot} plot")
     assert diagram_nodes(driver)
     assert not severe_console_errors(driver)
     screenshot(driver, f"solution-{name.replace('_', '-')}")
@@ -209,8 +243,11 @@ def test_solve_form_shows_errors_and_opens_the_new_solution(service, keys, drive
     Select(driver.find_element(By.ID, "activation")).select_by_value("leaky_relu")
     fill("target-eta", 0.99)  # unreachable on a 3-layer MLP: the contract's error, shown in the page
     driver.find_element(By.ID, "submit").click()
-    box = wait_for(driver, lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").is_displayed()
-                   else None, "the error message")
+    box = wait_for(
+        driver,
+        lambda d: d.find_element(By.ID, "error") if d.find_element(By.ID, "error").is_displayed() else None,
+        "the error message",
+    )
     assert driver.find_element(By.ID, "error-code").text == "unreachable_target", box.text
     assert driver.find_element(By.ID, "error-message").text
     assert driver.find_element(By.ID, "error-hint").text
@@ -270,21 +307,33 @@ def test_validation_page_live_progress(service, keys, driver, api):
     store = SqliteValidationStore(service.data_file)
     vid = "live" + "0" * 28
     try:
-        store.create(vid, keys["tat_lrelu"], {"key": keys["tat_lrelu"], "dataset": "digits", "steps": 100,
-                                              "batch_size": 32, "baselines": []}, time.time())
+        store.create(
+            vid,
+            keys["tat_lrelu"],
+            {"key": keys["tat_lrelu"], "dataset": "digits", "steps": 100, "batch_size": 32, "baselines": []},
+            time.time(),
+        )
         assert store.start(vid, "cpu") == 1
         store.set_progress(vid, {"step": 30, "total": 100, "run": "solved"})
         driver.get(f"{service.base_url}/dashboard/validations/{vid}")
         assert driver.find_element(By.ID, "progress").get_attribute("value") == "30"
         store.set_progress(vid, {"step": 60, "total": 100, "run": "solved"})
-        wait_for(driver, lambda d: d.find_element(By.ID, "progress").get_attribute("value") == "60", "progress 60%",
-                 timeout_s=5)
+        wait_for(
+            driver,
+            lambda d: d.find_element(By.ID, "progress").get_attribute("value") == "60",
+            "progress 60%",
+            timeout_s=5,
+        )
         assert "step 60 of 100" in driver.find_element(By.ID, "progress-text").text
         screenshot(driver, "validation-running")
         finished = [j for j in api.get("/v1/validations").json()["items"] if j["status"] == "finished"]
         results = api.get(f"/v1/validations/{finished[0]['id']}").json()["results"] if finished else {"runs": {}}
         assert store.finish(vid, results)
-        wait_for(driver, lambda d: "finished" in d.find_element(By.ID, "status").text
-                 and not d.find_elements(By.ID, "progress"), "the reload after the end", timeout_s=5)
+        wait_for(
+            driver,
+            lambda d: "finished" in d.find_element(By.ID, "status").text and not d.find_elements(By.ID, "progress"),
+            "the reload after the end",
+            timeout_s=5,
+        )
     finally:
         store.close()

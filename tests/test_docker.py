@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -34,6 +35,7 @@ COMPOSE = ROOT / "docker-compose.yml"
 
 
 # --- a small Dockerfile reader: instructions with continuations joined, comments dropped ---------
+
 
 def instructions(path: Path) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
@@ -72,6 +74,7 @@ def env_defaults(path: Path) -> dict[str, str]:
 
 # --- hadolint ----------------------------------------------------------------------------------
 
+
 def hadolint() -> str:
     exe = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if not exe:
@@ -105,12 +108,17 @@ def test_dockerfiles_run_as_non_root_and_start_sigprop():
 
 # --- docker-compose.yml ------------------------------------------------------------------------
 
+
 def test_compose_is_valid_and_shaped_for_the_deployment():
     pytest.importorskip("check_jsonschema", reason="check-jsonschema not installed (dev extra)")
     from ruamel.yaml import YAML  # a dependency of check-jsonschema
 
-    proc = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     spec = YAML(typ="safe").load(COMPOSE.read_text())
@@ -150,6 +158,7 @@ def test_env_example_names_every_setting():
 
 # --- the api image's install and start commands, run outside Docker ----------------------------
 
+
 def _dockerignored(rel: str, patterns: list[str]) -> bool:
     parts = rel.split("/")
     for pattern in patterns:
@@ -164,8 +173,11 @@ def _dockerignored(rel: str, patterns: list[str]) -> bool:
 
 def copy_build_context(dest: Path) -> None:
     """What `docker build .` sends: the repository less what .dockerignore excludes."""
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.strip().startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
     assert not any(p.startswith("!") for p in patterns), "exceptions are not modelled by this copy"
     for dirpath, dirnames, filenames in os.walk(ROOT):
         rel_dir = Path(dirpath).relative_to(ROOT).as_posix()
@@ -187,7 +199,7 @@ def _free_port() -> int:
 def test_api_image_install_and_start_commands_serve_readyz(tmp_path):
     # The commands, exactly as the Dockerfile has them.
     pip_runs = [rest for kw, rest in instructions(API_DOCKERFILE) if kw == "RUN" and "pip install" in rest]
-    assert pip_runs == ["pip install --no-cache-dir ."], pip_runs
+    assert pip_runs == ['pip install --no-cache-dir "./[server]"'], pip_runs
     install = shlex.split(pip_runs[0])
     cmd = json.loads(only(API_DOCKERFILE, "CMD"))
     assert cmd[:2] == ["sigprop", "serve"]
@@ -204,8 +216,9 @@ def test_api_image_install_and_start_commands_serve_readyz(tmp_path):
     # --no-cache-dir only keeps the image small; dropping it lets pip reuse this machine's cache.
     pip_args = [a for a in install[1:] if a != "--no-cache-dir"]
     started = time.monotonic()
-    proc = subprocess.run([str(bindir / "python"), "-m", "pip", *pip_args], cwd=src,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(bindir / "python"), "-m", "pip", *pip_args], cwd=src, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     install_s = time.monotonic() - started
 
@@ -219,13 +232,21 @@ def test_api_image_install_and_start_commands_serve_readyz(tmp_path):
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
 
     log = (tmp_path / "serve.log").open("w+")
-    server = subprocess.Popen([str(bindir / argv[0]), *argv[1:]], cwd=tmp_path, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [str(bindir / argv[0]), *argv[1:]],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         status = None
         while time.monotonic() < deadline:
-            assert server.poll() is None, f"sigprop serve exited {server.returncode}: {(tmp_path / 'serve.log').read_text()[-4000:]}"
+            assert server.poll() is None, (
+                f"sigprop serve exited {server.returncode}: {(tmp_path / 'serve.log').read_text()[-4000:]}"
+            )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
                     status = resp.status
@@ -247,3 +268,99 @@ def test_api_image_install_and_start_commands_serve_readyz(tmp_path):
             server.wait(timeout=10)
         log.close()
     print(f"pip install {install_s:.1f} s")
+
+
+# --- what `pip install sigprop` brings, and what the extras add --------------------------------
+
+SERVER_PACKAGES = {"fastapi", "uvicorn", "redis", "rq", "limits", "jinja2", "plotly", "prometheus-client"}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.match(r"[A-Za-z0-9._-]+(\[[^\]]*\])?", r).group(0).lower() for r in requirements}
+
+
+def test_base_dependencies_are_client_schemas_engine_and_cli_only():
+    """`pip install sigprop` gives the client, the schemas, the engine and `sigprop solve`; the
+    service's packages come with the `server` extra, which `worker` and `dev` include."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = _names(project["dependencies"])
+    assert not base & SERVER_PACKAGES, base & SERVER_PACKAGES
+    assert base == {"numpy", "scipy", "pydantic", "pydantic-settings", "httpx"}
+    extras = {name: _names(reqs) for name, reqs in project["optional-dependencies"].items()}
+    assert extras["server"] == SERVER_PACKAGES
+    assert extras["worker"] == {"sigprop[server]", "torch", "scikit-learn"}
+    assert {"sigprop[server,worker,jax]", "torch", "jax[cpu]", "scikit-learn"} <= extras["dev"]
+    assert "torch==2.13.0" in project["optional-dependencies"]["dev"]
+
+    from sigprop.cli import SERVER_MODULES
+
+    assert {m.replace("_", "-") for m in SERVER_MODULES} == SERVER_PACKAGES  # what `serve` checks for
+
+
+def test_compose_redis_requires_a_password_that_api_and_worker_get():
+    from ruamel.yaml import YAML  # a dependency of check-jsonschema (dev extra)
+
+    services = YAML(typ="safe").load(COMPOSE.read_text())["services"]
+    redis, api, worker = services["redis"], services["api"], services["worker"]
+    required = "${SIGPROP_REDIS_PASSWORD:?"  # compose refuses to start while it is unset or empty
+    assert redis["environment"]["REDIS_PASSWORD"].startswith(required)
+    assert redis["environment"]["REDISCLI_AUTH"].startswith(required), "the healthcheck's redis-cli needs it too"
+    command = redis["command"] if isinstance(redis["command"], str) else " ".join(redis["command"])
+    assert '--requirepass "$$REDIS_PASSWORD"' in command and "--appendonly yes" in command
+    for svc in (api, worker):
+        assert svc["environment"]["SIGPROP_REDIS_PASSWORD"].startswith(required)
+    # workers never check a key, so they get none (environment overrides the shared env_file)
+    assert worker["environment"]["SIGPROP_API_KEYS"] == "" and "SIGPROP_API_KEYS" not in api["environment"]
+    example = (ROOT / ".env.example").read_text()
+    assert "\nSIGPROP_REDIS_PASSWORD=\n" in example, ".env.example must leave the password for the operator to set"
+
+
+def test_compose_redis_command_really_requires_the_password(tmp_path):
+    """The redis service's command, run by a shell as compose runs it (``$$`` is compose's escape
+    for ``$``), starts a Redis that refuses unauthenticated clients and accepts the password."""
+    import redis as redis_py
+    from ruamel.yaml import YAML
+
+    from .service_fixtures import _stop_group, free_port
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed")
+    spec = YAML(typ="safe").load(COMPOSE.read_text())["services"]["redis"]
+    argv = [a.replace("$$", "$") for a in spec["command"]]
+    assert argv[:2] == ["sh", "-c"] and argv[2].startswith("exec redis-server ")
+    port, password = free_port(), "a-long-random-test-password"
+    script = argv[2].replace(
+        "exec redis-server ",
+        f"exec {shlex.quote(exe)} --port {port} --bind 127.0.0.1 --dir {shlex.quote(str(tmp_path))} --save '' ",
+        1,
+    )
+    proc = subprocess.Popen(
+        ["sh", "-c", script],
+        env={**os.environ, "REDIS_PASSWORD": password},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        good = redis_py.Redis(port=port, password=password, socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert good.ping()
+                break
+            except redis_py.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "redis did not start"
+                time.sleep(0.05)
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis(port=port, socket_timeout=1).ping()
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis(port=port, password="wrong", socket_timeout=1).ping()
+    finally:
+        _stop_group(proc)
+
+
+def test_worker_image_has_a_healthcheck():
+    check = only(WORKER_DOCKERFILE, "HEALTHCHECK")
+    assert json.loads(check[check.index("CMD") + 3 :].strip()) == ["sigprop", "worker", "--check"], check

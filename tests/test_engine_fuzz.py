@@ -10,11 +10,31 @@ from sigprop.engine.solve import solve
 from sigprop.errors import SigpropError
 from sigprop.requests import parse_solve_request
 
-OPS = ["dense", "conv", "activation", "sum", "concat", "avg_pool", "max_pool", "global_avg_pool", "flatten",
-       "dropout", "identity", "lstm"]
-METHODS = [("tat", "leaky_relu", {"eta": 0.5}), ("tat", "softplus", {"tau": 0.3}), ("dks", "tanh", {"zeta": 1.5}),
-           ("eoc", "gelu", {}), ("sparse_eoc", "crelu", {"sparsity": 0.8, "v_slope": 0.7}), ("geometric", "relu", {}),
-           ("tat", "relu", {"eta": 0.5}), ("dks", "nope", {"zeta": 1.5}), ("tat", "swish", {"tau": float("nan")})]
+OPS = [
+    "dense",
+    "conv",
+    "activation",
+    "sum",
+    "concat",
+    "avg_pool",
+    "max_pool",
+    "global_avg_pool",
+    "flatten",
+    "dropout",
+    "identity",
+    "lstm",
+]
+METHODS = [
+    ("tat", "leaky_relu", {"eta": 0.5}),
+    ("tat", "softplus", {"tau": 0.3}),
+    ("dks", "tanh", {"zeta": 1.5}),
+    ("eoc", "gelu", {}),
+    ("sparse_eoc", "crelu", {"sparsity": 0.8, "v_slope": 0.7}),
+    ("geometric", "relu", {}),
+    ("tat", "relu", {"eta": 0.5}),
+    ("dks", "nope", {"zeta": 1.5}),
+    ("tat", "swish", {"tau": float("nan")}),
+]
 
 
 @st.composite
@@ -64,9 +84,11 @@ def residual_chain(blocks: int, width: int = 16) -> dict:
     nodes = [{"id": "x", "op": "input", "shape": [width]}, {"id": "d", "op": "dense", "inputs": ["x"], "units": width}]
     prev = "d"
     for b in range(blocks):
-        nodes += [{"id": f"a{b}", "op": "activation", "inputs": [prev]},
-                  {"id": f"l{b}", "op": "dense", "inputs": [f"a{b}"], "units": width},
-                  {"id": f"s{b}", "op": "sum", "inputs": [prev, f"l{b}"], "weights": [0.8, 0.6]}]
+        nodes += [
+            {"id": f"a{b}", "op": "activation", "inputs": [prev]},
+            {"id": f"l{b}", "op": "dense", "inputs": [f"a{b}"], "units": width},
+            {"id": f"s{b}", "op": "sum", "inputs": [prev, f"l{b}"], "weights": [0.8, 0.6]},
+        ]
         prev = f"s{b}"
     nodes.append({"id": "out", "op": "output", "inputs": [prev]})
     return {"nodes": nodes}
@@ -75,20 +97,26 @@ def residual_chain(blocks: int, width: int = 16) -> dict:
 def test_very_deep_residual_network_solves_without_overflow():
     """1,000 residual blocks: the finite-width Jacobian moments overflow a float; the answer
     must still come back (without them), not crash."""
-    ans = solve(parse_solve_request({"graph": residual_chain(1000), "method": "tat", "activation": "leaky_relu",
-                                     "targets": {"eta": 0.9}}))
+    ans = solve(
+        parse_solve_request(
+            {"graph": residual_chain(1000), "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.9}}
+        )
+    )
     assert abs(ans.c_f_0 - 0.9) < 1e-12
 
 
 def test_dks_on_a_graph_whose_only_activation_is_dead_fails_cleanly():
     """Found by the fuzz test: three equal sum weights square to 1 + 1 ulp, which made the slope
     bracket look nonlinear and double forever."""
-    graph = {"nodes": [
-        {"id": "x", "op": "input", "shape": [3, 8, 8]},
-        {"id": "n0", "op": "sum", "inputs": ["x", "x", "x"]},
-        {"id": "n3", "op": "activation", "inputs": ["x"]},  # does not reach the output
-        {"id": "n9", "op": "dropout", "inputs": ["n0"]},
-        {"id": "out", "op": "output", "inputs": ["n9"]}]}
+    graph = {
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [3, 8, 8]},
+            {"id": "n0", "op": "sum", "inputs": ["x", "x", "x"]},
+            {"id": "n3", "op": "activation", "inputs": ["x"]},  # does not reach the output
+            {"id": "n9", "op": "dropout", "inputs": ["n0"]},
+            {"id": "out", "op": "output", "inputs": ["n9"]},
+        ]
+    }
     for method, targets in (("dks", {"zeta": 1.5}), ("tat", {"tau": 0.3})):
         try:
             solve(parse_solve_request({"graph": graph, "method": method, "activation": "tanh", "targets": targets}))

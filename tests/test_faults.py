@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from .service_fixtures import _stop_group, _tail, service_env, start_redis, start_service
-from .test_validations_api import AUTH, COMMON_ENV, solve_request, validation
+from .test_validations_api import AUTH, COMMON_ENV, FAKE_CLI, solve_request, validation
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTAGE_S = 2.0
@@ -41,9 +41,9 @@ class Burst:
     def __init__(self, base_url: str):
         self.base_url = base_url
         self.stop = threading.Event()
-        self.solve_statuses: list[tuple[float, float, int, bool]] = []   # (sent, answered, status, without cache)
-        self.accepted: list[str] = []                              # validation ids answered 202
-        self.refused: list[int] = []                               # statuses of refused submissions
+        self.solve_statuses: list[tuple[float, float, int, bool]] = []  # (sent, answered, status, without cache)
+        self.accepted: list[str] = []  # validation ids answered 202
+        self.refused: list[int] = []  # statuses of refused submissions
         self.errors: list[str] = []
         self._cold = 0
         self._lock = threading.Lock()
@@ -51,7 +51,7 @@ class Burst:
     def _next_cold(self) -> float:
         with self._lock:
             self._cold += 1
-            return 0.3 + self._cold * 1e-4   # a new eta: a new key, so a real solve
+            return 0.3 + self._cold * 1e-4  # a new eta: a new key, so a real solve
 
     def solver(self) -> None:
         with httpx.Client(base_url=self.base_url, timeout=30.0) as c:
@@ -88,8 +88,15 @@ class Burst:
 def _start_worker(env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "wb")
     try:
-        return subprocess.Popen([sys.executable, "-m", "sigprop.cli", "worker"], cwd=ROOT, env=service_env(env),
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", FAKE_CLI, "worker"],
+            cwd=ROOT,
+            env=service_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finally:
         log.close()
 
@@ -114,10 +121,14 @@ def stack(tmp_path):
     current process included, after a restart)."""
     redis_dir = tmp_path / "redis"
     state = {"redis": start_redis(redis_dir, persist=True)}
-    env = {**COMMON_ENV, "SIGPROP_REDIS_URL": state["redis"].url, "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-           "SIGPROP_REDIS_TIMEOUT_S": "0.5",
-           # The limiter stays in the path (its Redis goes down too) but never refuses this burst.
-           "SIGPROP_RATE_LIMIT_COLD_SOLVES": "1000000/minute"}
+    env = {
+        **COMMON_ENV,
+        "SIGPROP_REDIS_URL": state["redis"].url,
+        "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+        "SIGPROP_REDIS_TIMEOUT_S": "0.5",
+        # The limiter stays in the path (its Redis goes down too) but never refuses this burst.
+        "SIGPROP_RATE_LIMIT_COLD_SOLVES": "1000000/minute",
+    }
     svc = start_service(tmp_path / "svc", env)
     worker_log = tmp_path / "worker.log"
     worker = _start_worker(env, worker_log)
@@ -134,7 +145,7 @@ def stack(tmp_path):
 def test_redis_killed_and_restarted_during_a_burst(stack):
     svc = stack["svc"]
     api = svc.client(headers=AUTH)
-    assert api.post("/v1/solve", json=solve_request(eta=0.5)).status_code == 200   # the burst's cache hit
+    assert api.post("/v1/solve", json=solve_request(eta=0.5)).status_code == 200  # the burst's cache hit
     burst = Burst(svc.base_url)
     threads = [threading.Thread(target=burst.solver) for _ in range(2)] + [threading.Thread(target=burst.submitter)]
     for t in threads:
@@ -178,20 +189,28 @@ def test_redis_killed_and_restarted_during_a_burst(stack):
                 final[vid] = job
                 pending.discard(vid)
         time.sleep(0.3)
-    assert not pending, f"{len(pending)} of {len(burst.accepted)} validations never ended:\n{_tail(stack['worker_log'])}"
+    assert not pending, (
+        f"{len(pending)} of {len(burst.accepted)} validations never ended:\n{_tail(stack['worker_log'])}"
+    )
     failed = {vid: job.get("error") for vid, job in final.items() if job["status"] != "finished"}
     assert not failed, f"{failed}\n{_tail(stack['worker_log'])}"
 
     # The cache serves again after the restart, and what it stored before the kill survived.
     r = api.post("/v1/solve", json=solve_request(eta=0.5))
     assert r.status_code == 200 and r.json()["cached"] is True
-    print(f"\nburst: {len(statuses)} solves (all 200; {sum(1 for _, d in during if d)} degraded during the outage), "
-          f"{len(burst.accepted)} validations accepted and finished, {len(burst.refused)} refused with 503")
+    print(
+        f"\nburst: {len(statuses)} solves (all 200; {sum(1 for _, d in during if d)} degraded during the outage), "
+        f"{len(burst.accepted)} validations accepted and finished, {len(burst.refused)} refused with 503"
+    )
 
 
 # A cold solve long enough (about 1.5 s here) to be in flight when SIGTERM arrives.
-SLOW_SOLVE = {"graph": {"template": "mlp", "depth": 6000, "width": 16}, "method": "dks", "activation": "tanh",
-              "targets": {"zeta": 1.5}}
+SLOW_SOLVE = {
+    "graph": {"template": "mlp", "depth": 6000, "width": 16},
+    "method": "dks",
+    "activation": "tanh",
+    "targets": {"zeta": 1.5},
+}
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -209,7 +228,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, workers):
     try:
         t = threading.Thread(target=slow)
         t.start()
-        time.sleep(0.5)   # the request is read and the solve is running
+        time.sleep(0.5)  # the request is read and the solve is running
         assert "response" not in result, "the slow solve finished before SIGTERM: make it slower"
         os.kill(svc.proc.pid, signal.SIGTERM)
         t.join(60)
@@ -220,7 +239,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, workers):
         # uvicorn re-raises the signal it caught once its graceful shutdown is done, so a clean
         # exit reads as -SIGTERM (or 0 from the multi-process supervisor).
         assert svc.proc.wait(30) in (0, -signal.SIGTERM), svc.log()
-        with pytest.raises(httpx.TransportError):   # and it is gone: no new requests are taken
+        with pytest.raises(httpx.TransportError):  # and it is gone: no new requests are taken
             httpx.get(f"{svc.base_url}/healthz", timeout=2.0)
     finally:
         svc.stop()

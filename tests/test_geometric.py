@@ -42,17 +42,27 @@ def mlp(widths):
 def alexnet():
     """Appendix F: the strided AlexNet for 32x32 CIFAR-10 (max pooling replaced by striding,
     'equal' padding, ReLU after every conv and hidden linear layer, average pooling to 1x1)."""
-    return chain([3, 32, 32], [
-        {"op": "conv", "channels": 64, "kernel": 11, "stride": 1, "id": "conv1"}, ACT,
-        {"op": "conv", "channels": 192, "kernel": 5, "stride": 2, "id": "conv2"}, ACT,
-        {"op": "conv", "channels": 384, "kernel": 3, "stride": 2, "id": "conv3"}, ACT,
-        {"op": "conv", "channels": 256, "kernel": 3, "id": "conv4"}, ACT,
-        {"op": "conv", "channels": 256, "kernel": 3, "id": "conv5"}, ACT,
-        {"op": "global_avg_pool"},
-        {"op": "dense", "units": 4096, "id": "fc1"}, ACT,
-        {"op": "dense", "units": 4096, "id": "fc2"}, ACT,
-        {"op": "dense", "units": 10, "id": "fc3"},
-    ])
+    return chain(
+        [3, 32, 32],
+        [
+            {"op": "conv", "channels": 64, "kernel": 11, "stride": 1, "id": "conv1"},
+            ACT,
+            {"op": "conv", "channels": 192, "kernel": 5, "stride": 2, "id": "conv2"},
+            ACT,
+            {"op": "conv", "channels": 384, "kernel": 3, "stride": 2, "id": "conv3"},
+            ACT,
+            {"op": "conv", "channels": 256, "kernel": 3, "id": "conv4"},
+            ACT,
+            {"op": "conv", "channels": 256, "kernel": 3, "id": "conv5"},
+            ACT,
+            {"op": "global_avg_pool"},
+            {"op": "dense", "units": 4096, "id": "fc1"},
+            ACT,
+            {"op": "dense", "units": 4096, "id": "fc2"},
+            ACT,
+            {"op": "dense", "units": 10, "id": "fc3"},
+        ],
+    )
 
 
 def rel_spread(values):
@@ -96,10 +106,10 @@ def test_alexnet_gammas_equal_after_alpha_correction():
     # Without alpha the strided chain is balanced up to the kernel area (section 5: "Sequences of
     # convolutions are well-scaled against each other as long as the kernel size remains the
     # same"; strides and average pooling preserve the scaling, Table 1) ...
-    assert rel_spread(raw / k ** 2) < 1e-9
+    assert rel_spread(raw / k**2) < 1e-9
     assert sol.gamma_ratio_uncorrected == pytest.approx(121.0, rel=1e-9)
     # ... and the conditioning multipliers correct it with alpha^4 k^2 = const (alpha^2 ~ 1/k).
-    assert np.allclose(alpha ** 2 * k, 1.0, rtol=1e-12)
+    assert np.allclose(alpha**2 * k, 1.0, rtol=1e-12)
     # the forward pass is unchanged: the stored weights absorb 1 / alpha^2
     for l in sol.layers:
         assert l["init_second_moment"] * l["alpha"] ** 2 == pytest.approx(l["weight_second_moment"], rel=1e-12)
@@ -139,11 +149,20 @@ def test_input_and_output_scaling():
     assert sol.output_scale * math.sqrt(sol.output_second_moment) == pytest.approx(OUTPUT_STD, rel=1e-12)
     # a given input moment moves every gamma by the same factor (t^2) and keeps the balance
     other = solve_geometric(mlp([784, 384, 64, 10]), "relu", input_second_moment=1.0)
-    for a, b in zip(sol.layers, other.layers):
+    for a, b in zip(sol.layers, other.layers, strict=False):
         assert b["gamma"] / a["gamma"] == pytest.approx(784.0, rel=1e-9)
     # conv input: 1 / sqrt(n_0 k_0^2) for a first layer without conditioning multiplier
-    cnn = chain([3, 16, 16], [{"op": "conv", "channels": 32, "kernel": 3}, ACT, {"op": "conv", "channels": 32, "kernel": 3},
-                              ACT, {"op": "global_avg_pool"}, {"op": "dense", "units": 10}])
+    cnn = chain(
+        [3, 16, 16],
+        [
+            {"op": "conv", "channels": 32, "kernel": 3},
+            ACT,
+            {"op": "conv", "channels": 32, "kernel": 3},
+            ACT,
+            {"op": "global_avg_pool"},
+            {"op": "dense", "units": 10},
+        ],
+    )
     sol = solve_geometric(cnn, "relu")
     assert sol.layers[0]["alpha"] == pytest.approx(1 / math.sqrt(3))
     assert sol.input_second_moment == pytest.approx(1 / (sol.layers[0]["alpha"] ** 2 * math.sqrt(3 * 9)), rel=1e-12)
@@ -158,12 +177,20 @@ IDENTITY = get_activation("leaky_relu", negative_slope=1.0)  # c = 1: E.1's line
 @pytest.mark.parametrize("k0,k1,s", [(7, 3, 0.5), (3, 3, 1.0), (1, 3, 0.2), (5, 1, 2.0)])
 def test_mixed_residual_and_non_residual_alpha(k0, k1, s):
     ws, wb = 1 / math.sqrt(1 + s * s), s / math.sqrt(1 + s * s)
-    g = build_graph(Graph.model_validate({"nodes": [
-        {"id": "x", "op": "input", "shape": [1, 16, 16]},
-        {"id": "c0", "op": "conv", "channels": 1, "kernel": k0, "inputs": ["x"]},
-        {"id": "c1", "op": "conv", "channels": 1, "kernel": k1, "inputs": ["c0"]},
-        {"id": "z", "op": "sum", "inputs": ["c0", "c1"], "weights": [ws, wb]},
-        {"id": "out", "op": "output", "inputs": ["z"]}]}), "relu")
+    g = build_graph(
+        Graph.model_validate(
+            {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [1, 16, 16]},
+                    {"id": "c0", "op": "conv", "channels": 1, "kernel": k0, "inputs": ["x"]},
+                    {"id": "c1", "op": "conv", "channels": 1, "kernel": k1, "inputs": ["c0"]},
+                    {"id": "z", "op": "sum", "inputs": ["c0", "c1"], "weights": [ws, wb]},
+                    {"id": "out", "op": "output", "inputs": ["z"]},
+                ]
+            }
+        ),
+        "relu",
+    )
     sol = solve_geometric(g, IDENTITY)
     a = {l["id"]: l for l in sol.layers}
     # E.1: alpha^2 = (k_1 / k_0) s^2 / (1 + s^2) for the non-residual conv, the residual one at 1
@@ -171,12 +198,20 @@ def test_mixed_residual_and_non_residual_alpha(k0, k1, s):
     assert a["c1"]["in_branch"] and not a["c0"]["in_branch"]
     assert sol.gamma_ratio == pytest.approx(1.0, abs=1e-9)
     # E.1 "Final layer": a linear layer after the residual block, alpha^2 = k s^2 / (1 + s^2)
-    g = build_graph(Graph.model_validate({"nodes": [
-        {"id": "x", "op": "input", "shape": [1, 16, 16]},
-        {"id": "c1", "op": "conv", "channels": 1, "kernel": k1, "inputs": ["x"]},
-        {"id": "z", "op": "sum", "inputs": ["x", "c1"], "weights": [ws, wb]},
-        {"id": "lin", "op": "conv", "channels": 1, "kernel": 1, "inputs": ["z"]},
-        {"id": "out", "op": "output", "inputs": ["lin"]}]}), "relu")
+    g = build_graph(
+        Graph.model_validate(
+            {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [1, 16, 16]},
+                    {"id": "c1", "op": "conv", "channels": 1, "kernel": k1, "inputs": ["x"]},
+                    {"id": "z", "op": "sum", "inputs": ["x", "c1"], "weights": [ws, wb]},
+                    {"id": "lin", "op": "conv", "channels": 1, "kernel": 1, "inputs": ["z"]},
+                    {"id": "out", "op": "output", "inputs": ["lin"]},
+                ]
+            }
+        ),
+        "relu",
+    )
     a = {l["id"]: l["alpha"] for l in solve_geometric(g, IDENTITY).layers}
     assert (a["lin"] / a["c1"]) ** 2 == pytest.approx(k1 * s * s / (1 + s * s), rel=1e-12)
 
@@ -193,7 +228,8 @@ def bottleneck_resnet(scales):
             {"id": f"b{b}.a1", "op": "activation", "inputs": [f"b{b}.c1"]},
             {"id": f"b{b}.c2", "op": "conv", "channels": 64, "kernel": 1, "inputs": [f"b{b}.a1"]},
             {"id": f"b{b}.sum", "op": "sum", "inputs": [prev, f"b{b}.c2"], "weights": [ws, wb]},
-            {"id": f"b{b}.act", "op": "activation", "inputs": [f"b{b}.sum"]}]
+            {"id": f"b{b}.act", "op": "activation", "inputs": [f"b{b}.sum"]},
+        ]
         prev = f"b{b}.act"
     nodes.append({"id": "out", "op": "output", "inputs": [prev]})
     return build_graph(Graph.model_validate({"nodes": nodes}), "relu")
@@ -227,9 +263,18 @@ def test_non_homogeneous_activations_are_rejected(fn):
 
 
 def test_max_pool_and_pooled_relu_warn():
-    g = chain([3, 16, 16], [{"op": "conv", "channels": 8, "kernel": 3}, ACT, {"op": "max_pool", "kernel": 2},
-                            {"op": "conv", "channels": 8, "kernel": 3}, ACT, {"op": "global_avg_pool"},
-                            {"op": "dense", "units": 10}])
+    g = chain(
+        [3, 16, 16],
+        [
+            {"op": "conv", "channels": 8, "kernel": 3},
+            ACT,
+            {"op": "max_pool", "kernel": 2},
+            {"op": "conv", "channels": 8, "kernel": 3},
+            ACT,
+            {"op": "global_avg_pool"},
+            {"op": "dense", "units": 10},
+        ],
+    )
     sol = solve_geometric(g, "relu")
     assert any("max_pool breaks the GR scaling" in w for w in sol.warnings)
     assert any("average pooling of activations" in w for w in sol.warnings)
@@ -265,7 +310,7 @@ def weight_gradient_ratios(widths, second_moments, input_moment, output_scale, d
                 h = y
         dy = output_scale * (output_scale * h - rng.standard_normal(h.shape))
         for i in reversed(range(n_layers)):
-            acc[i] += np.mean(np.mean(dy ** 2, axis=1) * np.mean(xs[i] ** 2, axis=1))
+            acc[i] += np.mean(np.mean(dy**2, axis=1) * np.mean(xs[i] ** 2, axis=1))
             if i > 0:
                 dy = (dy @ ws[i]) * masks[i - 1]
     return acc / draws / np.asarray(second_moments)

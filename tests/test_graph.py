@@ -100,11 +100,21 @@ def test_zero_outputs():
     assert err.code == "invalid_graph" and "0 output" in err.message
 
 
-@pytest.mark.parametrize("nodes", [
-    [inp("x", [8]), {"id": "s", "op": "sum", "inputs": ["x", "b"]}, dense("d", "s", 8), act("b", "d"), out("o", "b")],
-    [inp("x", [8]), dense("d", "a", 8), act("a", "d"), out("o", "a")],
-    [inp("x", [8]), {"id": "i", "op": "identity", "inputs": ["i"]}, out("o", "i")],
-], ids=["through-sum", "two-cycle", "self-loop"])
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        [
+            inp("x", [8]),
+            {"id": "s", "op": "sum", "inputs": ["x", "b"]},
+            dense("d", "s", 8),
+            act("b", "d"),
+            out("o", "b"),
+        ],
+        [inp("x", [8]), dense("d", "a", 8), act("a", "d"), out("o", "a")],
+        [inp("x", [8]), {"id": "i", "op": "identity", "inputs": ["i"]}, out("o", "i")],
+    ],
+    ids=["through-sum", "two-cycle", "self-loop"],
+)
 def test_cycle(nodes):
     err = graph_error(nodes)
     assert err.code == "invalid_graph" and "cycle" in err.message
@@ -116,8 +126,14 @@ def test_sum_with_one_input():
 
 
 def test_dense_with_two_inputs():
-    err = graph_error([inp("x", [8]), dense("d1", "x", 8), {"id": "d", "op": "dense", "inputs": ["x", "d1"],
-                                                            "units": 4}, out("o", "d")])
+    err = graph_error(
+        [
+            inp("x", [8]),
+            dense("d1", "x", 8),
+            {"id": "d", "op": "dense", "inputs": ["x", "d1"], "units": 4},
+            out("o", "d"),
+        ]
+    )
     assert err.code == "invalid_graph" and "2 inputs" in err.message
 
 
@@ -127,39 +143,170 @@ def test_dense_on_feature_map():
 
 
 def test_sum_shape_mismatch():
-    err = graph_error([inp("x", [8]), dense("d", "x", 4), {"id": "s", "op": "sum", "inputs": ["x", "d"],
-                                                           "weights": [0.6, 0.8]}, out("o", "s")])
+    err = graph_error(
+        [
+            inp("x", [8]),
+            dense("d", "x", 4),
+            {"id": "s", "op": "sum", "inputs": ["x", "d"], "weights": [0.6, 0.8]},
+            out("o", "s"),
+        ]
+    )
     assert err.code == "invalid_graph" and "[8]" in err.message and "[4]" in err.message
 
 
-@pytest.mark.parametrize("weights,normalized", [([3.0, 4.0], "[0.6, 0.8]"),
-                                                ([1.0, 1.0], "[0.707107, 0.707107]"),
-                                                ([0.5, 0.5, 1.0], "[0.408248, 0.408248, 0.816497]")])
+@pytest.mark.parametrize(
+    "weights,normalized",
+    [
+        ([3.0, 4.0], "[0.6, 0.8]"),
+        ([1.0, 1.0], "[0.707107, 0.707107]"),
+        ([0.5, 0.5, 1.0], "[0.408248, 0.408248, 0.816497]"),
+    ],
+)
 def test_non_normalized_sum_weights(weights, normalized):
-    srcs = ["x", "d", "a"][:len(weights)]
-    err = graph_error([inp("x", [8]), dense("d", "x", 8), act("a", "d"),
-                       {"id": "s", "op": "sum", "inputs": srcs, "weights": weights}, out("o", "s")])
+    srcs = ["x", "d", "a"][: len(weights)]
+    err = graph_error(
+        [
+            inp("x", [8]),
+            dense("d", "x", 8),
+            act("a", "d"),
+            {"id": "s", "op": "sum", "inputs": srcs, "weights": weights},
+            out("o", "s"),
+        ]
+    )
     assert err.code == "invalid_graph"
     assert normalized in err.hint
     assert f"{sum(w * w for w in weights):.6g}" in err.message
 
 
 def test_sum_weights_within_tolerance_are_accepted():
-    g = build([inp("x", [8]), dense("d", "x", 8), {"id": "s", "op": "sum", "inputs": ["x", "d"],
-                                                   "weights": [0.6, 0.8 + 1e-8]}, out("o", "s")])
+    g = build(
+        [
+            inp("x", [8]),
+            dense("d", "x", 8),
+            {"id": "s", "op": "sum", "inputs": ["x", "d"], "weights": [0.6, 0.8 + 1e-8]},
+            out("o", "s"),
+        ]
+    )
     assert g.nodes[2].attrs["weights"] == [0.6, 0.8 + 1e-8]
 
 
 def test_concat_spatial_mismatch():
-    err = graph_error([inp("x", [3, 8, 8]), {"id": "c1", "op": "conv", "inputs": ["x"], "channels": 4, "stride": 2},
-                       {"id": "cat", "op": "concat", "inputs": ["x", "c1"]}, out("o", "cat")])
+    err = graph_error(
+        [
+            inp("x", [3, 8, 8]),
+            {"id": "c1", "op": "conv", "inputs": ["x"], "channels": 4, "stride": 2},
+            {"id": "cat", "op": "concat", "inputs": ["x", "c1"]},
+            out("o", "cat"),
+        ]
+    )
     assert err.code == "invalid_graph" and "[3, 8, 8]" in err.message and "[4, 4, 4]" in err.message
 
 
 def test_concat_widths_add():
-    g = build([inp("x", [3, 8, 8]), {"id": "c1", "op": "conv", "inputs": ["x"], "channels": 5},
-               {"id": "cat", "op": "concat", "inputs": ["x", "c1"]}, out("o", "cat")])
+    g = build(
+        [
+            inp("x", [3, 8, 8]),
+            {"id": "c1", "op": "conv", "inputs": ["x"], "channels": 5},
+            {"id": "cat", "op": "concat", "inputs": ["x", "c1"]},
+            out("o", "cat"),
+        ]
+    )
     assert g.nodes[-1].shape == (8, 8, 8)
+
+
+# The contract's shape rules on the shared floor (sigprop.schemas.shapes, what the client checks an
+# extracted graph with) must agree with build_graph's, shapes and messages alike.
+SHAPE_RULE_CASES = {
+    "duplicate-id": BASE[:2] + [act("d", "d"), out("o", "d")],
+    "two-outputs": BASE + [out("o2", "d")],
+    "zero-outputs": BASE[:3],
+    "sum-one-input": [inp("x", [8]), {"id": "s", "op": "sum", "inputs": ["x"]}, out("o", "s")],
+    "dense-two-inputs": [
+        inp("x", [8]),
+        dense("d1", "x", 8),
+        {"id": "d", "op": "dense", "inputs": ["x", "d1"], "units": 4},
+        out("o", "d"),
+    ],
+    "dense-on-map": [inp("x", [3, 8, 8]), dense("d", "x", 8), out("o", "d")],
+    "conv-on-vector": [inp("x", [8]), {"id": "c", "op": "conv", "inputs": ["x"], "channels": 4}, out("o", "c")],
+    "conv-to-nothing": [
+        inp("x", [3, 2, 2]),
+        {"id": "c", "op": "conv", "inputs": ["x"], "channels": 4, "kernel": 3, "padding": "valid"},
+        out("o", "c"),
+    ],
+    "pool-on-vector": [inp("x", [8]), {"id": "p", "op": "max_pool", "inputs": ["x"]}, out("o", "p")],
+    "pool-to-nothing": [
+        inp("x", [3, 2, 2]),
+        {"id": "p", "op": "avg_pool", "inputs": ["x"], "kernel": 3},
+        out("o", "p"),
+    ],
+    "global-pool-on-vector": [inp("x", [8]), {"id": "g", "op": "global_avg_pool", "inputs": ["x"]}, out("o", "g")],
+    "sum-shapes": [
+        inp("x", [8]),
+        dense("d", "x", 4),
+        {"id": "s", "op": "sum", "inputs": ["x", "d"], "weights": [0.6, 0.8]},
+        out("o", "s"),
+    ],
+    "sum-weights": [
+        inp("x", [8]),
+        dense("d", "x", 8),
+        {"id": "s", "op": "sum", "inputs": ["x", "d"], "weights": [3.0, 4.0]},
+        out("o", "s"),
+    ],
+    "sum-weight-count": [
+        inp("x", [8]),
+        dense("d", "x", 8),
+        {"id": "s", "op": "sum", "inputs": ["x", "d"], "weights": [1.0]},
+        out("o", "s"),
+    ],
+    "concat-maps": [
+        inp("x", [3, 8, 8]),
+        {"id": "c1", "op": "conv", "inputs": ["x"], "channels": 4, "stride": 2},
+        {"id": "cat", "op": "concat", "inputs": ["x", "c1"]},
+        out("o", "cat"),
+    ],
+    "valid-concat-pool-flatten": [
+        inp("x", [3, 8, 8]),
+        {"id": "c1", "op": "conv", "inputs": ["x"], "channels": 5, "kernel": [3, 1], "stride": [2, 1]},
+        {"id": "p", "op": "max_pool", "inputs": ["x"], "kernel": [2, 1], "stride": [2, 1]},
+        {"id": "cat", "op": "concat", "inputs": ["p", "c1"]},
+        {"id": "f", "op": "flatten", "inputs": ["cat"]},
+        {"id": "drop", "op": "dropout", "inputs": ["f"], "rate": 0.5},
+        dense("d", "drop", 8),
+        dense("dead", "x", 8, bias=False),
+        out("o", "d"),
+    ],
+    "valid-padded-conv": [
+        inp("x", [3, 8, 8]),
+        {"id": "c", "op": "conv", "inputs": ["x"], "channels": 4, "stride": 2, "padding": 1},
+        {"id": "g", "op": "global_avg_pool", "inputs": ["c"]},
+        dense("d", "g", 8),
+        out("o", "d"),
+    ],
+    "valid-unreachable-bad-shape": BASE[:3]
+    + [dense("dead", "x", 8), {"id": "s", "op": "sum", "inputs": ["x", "dead"], "weights": [1.0, 1.0]}, out("o", "a")],
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPE_RULE_CASES) + ["mlp", "resnet", "densenet", "cnn"])
+def test_shared_shape_rules_agree_with_build_graph(name):
+    from sigprop.engine.templates import expand_template
+    from sigprop.schemas import Template
+    from sigprop.schemas.shapes import infer_shapes
+
+    if name in SHAPE_RULE_CASES:
+        graph = G(SHAPE_RULE_CASES[name])
+    else:
+        kw = {"resnet": {"depth": 18}, "densenet": {"depth": 121}}.get(name, {"depth": 3})
+        graph = expand_template(Template(template=name, **kw))
+    try:
+        net = build_graph(graph, default_activation="relu")
+    except SigpropError as exc:
+        with pytest.raises(SigpropError) as info:
+            infer_shapes(graph)
+        assert (info.value.code, info.value.message, info.value.hint) == (exc.code, exc.message, exc.hint)
+        return
+    assert infer_shapes(graph) == {nd.user_id: nd.shape for nd in net.nodes}
 
 
 def request(graph, **kw):
@@ -224,11 +371,15 @@ def strip_layer_ids(answer_json: str) -> str:
     return json.dumps(d)
 
 
-@pytest.mark.parametrize("req", [
-    dict(method="tat", activation="leaky_relu", targets={"eta": 0.9}),
-    dict(method="tat", activation="softplus", targets={"tau": 0.3}),
-    dict(method="eoc", activation="tanh", targets={}),
-], ids=["tat-lrelu", "tat-softplus", "eoc"])
+@pytest.mark.parametrize(
+    "req",
+    [
+        dict(method="tat", activation="leaky_relu", targets={"eta": 0.9}),
+        dict(method="tat", activation="softplus", targets={"tau": 0.3}),
+        dict(method="eoc", activation="tanh", targets={}),
+    ],
+    ids=["tat-lrelu", "tat-softplus", "eoc"],
+)
 def test_shuffled_renamed_mlp_same_key_and_answer(req):
     depth = 20
     plain = {"schema": SCHEMA, "nodes": mlp_nodes(depth)}
@@ -247,10 +398,17 @@ def test_shuffled_renamed_mlp_same_key_and_answer(req):
 
 def residual_nodes(w=0.6, units=16, bias=True, fn=None):
     extra = {"fn": fn} if fn else {}
-    return [inp("x", [16]), dense("d0", "x", 16, bias=bias), act("a0", "d0", **extra), dense("d1", "a0", units),
-            act("a1", "d1", **extra), dense("d2", "a1", 16),
-            {"id": "s", "op": "sum", "inputs": ["d0", "d2"], "weights": [w, math.sqrt(1 - w * w)]},
-            act("a2", "s", **extra), out("o", "a2")]
+    return [
+        inp("x", [16]),
+        dense("d0", "x", 16, bias=bias),
+        act("a0", "d0", **extra),
+        dense("d1", "a0", units),
+        act("a1", "d1", **extra),
+        dense("d2", "a1", 16),
+        {"id": "s", "op": "sum", "inputs": ["d0", "d2"], "weights": [w, math.sqrt(1 - w * w)]},
+        act("a2", "s", **extra),
+        out("o", "a2"),
+    ]
 
 
 def key_of(nodes=None, **kw):
@@ -330,10 +488,10 @@ def brute_force_max(graph, x, r):
             elif nd.kind == ACT:
                 val[v] = r(val[nd.inputs[0]])
             elif nd.kind == SUM:
-                val[v] = sum(w * w * val[i] for w, i in zip(nd.attrs["weights"], nd.inputs))
+                val[v] = sum(w * w * val[i] for w, i in zip(nd.attrs["weights"], nd.inputs, strict=False))
             elif nd.kind == CONCAT:
                 widths = [nodes[i].shape[0] for i in nd.inputs]
-                val[v] = sum(wd * val[i] for wd, i in zip(widths, nd.inputs)) / sum(widths)
+                val[v] = sum(wd * val[i] for wd, i in zip(widths, nd.inputs, strict=False)) / sum(widths)
             else:
                 val[v] = val[nd.inputs[0]]
         return val
@@ -365,7 +523,9 @@ def random_dag(seed, steps=18, width=6):
         op = rng.choice(["dense", "act", "act", "sum", "sum", "concat"])
         if op in ("sum", "concat"):
             first = rng.choice(recent)
-            pool = [nd["id"] for nd in nodes if nd["id"] != first and (op == "concat" or widths[nd["id"]] == widths[first])]
+            pool = [
+                nd["id"] for nd in nodes if nd["id"] != first and (op == "concat" or widths[nd["id"]] == widths[first])
+            ]
             if not pool:
                 op = "act"
         if op == "dense":
@@ -508,8 +668,11 @@ def densenet_expected(layers, k0, growth, r, x):
 @pytest.mark.parametrize("image", [False, True])
 @pytest.mark.parametrize("layers,k0,growth", [(3, 16, 4), (5, 8, 8), (4, 64, 1)])
 def test_densenet_concat_is_width_weighted(image, layers, k0, growth):
-    for x, r in [(0.0, lambda y: 1.0 + y), (0.0, lambda c: leaky_relu_c_map_scalar(c, 0.1)),
-                 (0.4, lambda c: leaky_relu_c_map_scalar(c, 0.0))]:
+    for x, r in [
+        (0.0, lambda y: 1.0 + y),
+        (0.0, lambda c: leaky_relu_c_map_scalar(c, 0.1)),
+        (0.4, lambda c: leaky_relu_c_map_scalar(c, 0.0)),
+    ]:
         prog = compile_subnetworks(build(densenet_block(layers, k0, growth, image, final_act=False)))
         cat = densenet_expected(layers, k0, growth, r, x)
         assert float(prog.global_map(x, lambda y, _s: r(y))) == pytest.approx(cat, rel=1e-13)

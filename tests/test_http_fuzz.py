@@ -1,12 +1,12 @@
 """Random and mutated requests through the whole HTTP app in-process (validator, engine, error
 handlers): only 200/202 or a clean 4xx in the contract's error shape, never a 5xx or an escaping
-exception, and every request under a second.
+exception, and every request bounded in time (``MAX_REQUEST_S``).
 
 Valid requests (random graphs from tests/test_engine_fuzz.py, templates, validation submissions)
 are mutated: nodes dropped or duplicated, inputs rewired (cycles, dangling ids), values replaced
 with wrong types, huge, negative or non-finite numbers (sent as JSON's missing NaN/Infinity), random
 JSON, and the serialized bytes truncated or corrupted. The app runs with SIGPROP_MAX_DEPTH=1000
-and SIGPROP_MAX_NODES=5000 so that every graph it accepts solves in well under a second; the
+and SIGPROP_MAX_NODES=5000 so that every graph it accepts solves in well under the bound; the
 rejections themselves are what the default limits would answer.
 """
 
@@ -23,14 +23,22 @@ from hypothesis import strategies as st
 
 from sigprop.errors import HTTP_STATUS
 
+from .fake_training import write_fake_datasets
 from .inprocess import KEY_ONE, app_client, bearer
 from .test_engine_fuzz import METHODS, graphs
 
-MAX_REQUEST_S = 1.0
+# A hang guard, not a speed target (speed lives in bench/): the slowest valid request here, an
+# unreachable DKS search over its whole evaluation budget, takes about 0.4 s on an idle 2-core
+# machine and was seen at 1.5 s on a loaded CI run.
+MAX_REQUEST_S = 5.0
 LATENCIES: dict[str, list[float]] = {}
 OUTCOMES: dict[str, dict[str, int]] = {}  # per endpoint: how many answers of each status/code
-FUZZ = settings(max_examples=300, deadline=None, derandomize=False,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +50,21 @@ def client(tmp_path_factory):
         import torch  # noqa: F401
     except ImportError:
         pass
-    with app_client(tmp_path_factory.mktemp("fuzz"), max_depth=1000, max_nodes=5000, rate_limit_cold_solves="0",
-                    rate_limit_validations="0") as c:
+    tmp = tmp_path_factory.mktemp("fuzz")
+    with app_client(
+        tmp,
+        max_depth=1000,
+        max_nodes=5000,
+        rate_limit_cold_solves="0",
+        rate_limit_validations="0",
+        datasets_dir=write_fake_datasets(tmp / "datasets"),
+    ) as c:
         yield c
-    lines = [f"{name}: {len(t)} requests, max {max(t) * 1000:.1f} ms, median {sorted(t)[len(t) // 2] * 1000:.1f} ms"
-             for name, t in sorted(LATENCIES.items()) if t]
+    lines = [
+        f"{name}: {len(t)} requests, max {max(t) * 1000:.1f} ms, median {sorted(t)[len(t) // 2] * 1000:.1f} ms"
+        for name, t in sorted(LATENCIES.items())
+        if t
+    ]
     print("\nHTTP fuzz latencies:\n  " + "\n  ".join(lines))
     for name, seen in sorted(OUTCOMES.items()):
         print(f"  {name}: " + ", ".join(f"{k} x{v}" for k, v in sorted(seen.items(), key=lambda kv: -kv[1])))
@@ -54,16 +72,62 @@ def client(tmp_path_factory):
 
 # -- strategies -------------------------------------------------------------------------------------
 
-INTERESTING = st.sampled_from([
-    None, True, False, 0, -1, 1, 2, 3, 7, 1000, 1025, 4097, 2**31, -2**63, 10**6, 10**30, 10**400,
-    0.5, -0.0, 1e-300, 1e300, 1.7e308, math.nan, math.inf, -math.inf,
-    "", "x", "leaky_relu", "tanh", "relu", "sum", "concat", "input", "output", "#0", "a" * 300, "<script>", "\u0000",
-    "\ud7ff\ue000", [], {}, [1, 2], [0.6, 0.8], {"a": 1}, ["x"], ["x", "x"],
-])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=12))
-JSON_VALUES = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
-                                                                                               max_size=4),
-                           max_leaves=10)
+INTERESTING = st.sampled_from(
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        1,
+        2,
+        3,
+        7,
+        1000,
+        1025,
+        4097,
+        2**31,
+        -(2**63),
+        10**6,
+        10**30,
+        10**400,
+        0.5,
+        -0.0,
+        1e-300,
+        1e300,
+        1.7e308,
+        math.nan,
+        math.inf,
+        -math.inf,
+        "",
+        "x",
+        "leaky_relu",
+        "tanh",
+        "relu",
+        "sum",
+        "concat",
+        "input",
+        "output",
+        "#0",
+        "a" * 300,
+        "<script>",
+        "\u0000",
+        "\ud7ff\ue000",
+        [],
+        {},
+        [1, 2],
+        [0.6, 0.8],
+        {"a": 1},
+        ["x"],
+        ["x", "x"],
+    ]
+)
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=12))
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=10,
+)
 # copied: sampled_from hands out the same list and dict objects, which the mutations then change
 VALUES = st.one_of(INTERESTING, JSON_VALUES).map(copy.deepcopy)
 
@@ -86,9 +150,16 @@ def templates(draw):
 
 
 # combinations that solve on small graphs (METHODS of test_engine_fuzz also has ones that must fail)
-SOLVABLE = [("tat", "leaky_relu", {"eta": 0.1}), ("tat", "softplus", {"tau": 0.3}), ("dks", "tanh", {"zeta": 1.05}),
-            ("eoc", "gelu", {}), ("eoc", "tanh", {"q_star": 2.0}), ("geometric", "relu", {}),
-            ("sparse_eoc", "relu_tau", {"sparsity": 0.7}), ("sparse_eoc", "crelu", {"sparsity": 0.8, "v_slope": 0.7})]
+SOLVABLE = [
+    ("tat", "leaky_relu", {"eta": 0.1}),
+    ("tat", "softplus", {"tau": 0.3}),
+    ("dks", "tanh", {"zeta": 1.05}),
+    ("eoc", "gelu", {}),
+    ("eoc", "tanh", {"q_star": 2.0}),
+    ("geometric", "relu", {}),
+    ("sparse_eoc", "relu_tau", {"sparsity": 0.7}),
+    ("sparse_eoc", "crelu", {"sparsity": 0.8, "v_slope": 0.7}),
+]
 
 
 @st.composite
@@ -123,9 +194,15 @@ def mutate(draw, base):
     """``base`` with one to three structural or value mutations."""
     obj = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 3))):
-        nodes = obj.get("graph", {}).get("nodes") if isinstance(obj, dict) and isinstance(obj.get("graph"), dict) else None
-        if nodes is None and isinstance(obj, dict) and isinstance(obj.get("solve"), dict) \
-                and isinstance(obj["solve"].get("graph"), dict):
+        nodes = (
+            obj.get("graph", {}).get("nodes") if isinstance(obj, dict) and isinstance(obj.get("graph"), dict) else None
+        )
+        if (
+            nodes is None
+            and isinstance(obj, dict)
+            and isinstance(obj.get("solve"), dict)
+            and isinstance(obj["solve"].get("graph"), dict)
+        ):
             nodes = obj["solve"]["graph"].get("nodes")
         action = draw(st.sampled_from(["replace", "replace", "delete", "add", "drop_node", "dup_node", "rewire"]))
         if action in ("drop_node", "dup_node", "rewire") and isinstance(nodes, list) and nodes:
@@ -145,8 +222,28 @@ def mutate(draw, base):
         if isinstance(where, dict):
             keys = list(where)
             if action == "add" or not keys:
-                where[draw(st.sampled_from(["id", "op", "inputs", "units", "weights", "shape", "kernel", "depth",
-                                            "width", "fn", "rate", "targets", "extra", "c_map_points"]))] = draw(VALUES)
+                where[
+                    draw(
+                        st.sampled_from(
+                            [
+                                "id",
+                                "op",
+                                "inputs",
+                                "units",
+                                "weights",
+                                "shape",
+                                "kernel",
+                                "depth",
+                                "width",
+                                "fn",
+                                "rate",
+                                "targets",
+                                "extra",
+                                "c_map_points",
+                            ]
+                        )
+                    )
+                ] = draw(VALUES)
             elif action == "delete":
                 where.pop(draw(st.sampled_from(keys)))
             else:
@@ -173,7 +270,7 @@ def corrupt(draw, body: bytes) -> bytes:
         return body[:i]
     if how == "insert":
         return body[:i] + draw(st.binary(min_size=1, max_size=8)) + body[i:]
-    return body[:i] + bytes([body[i] ^ draw(st.integers(1, 255))]) + body[i + 1:] if body else body
+    return body[:i] + bytes([body[i] ^ draw(st.integers(1, 255))]) + body[i + 1 :] if body else body
 
 
 def bodies(valid):
@@ -191,14 +288,19 @@ def bodies(valid):
 
 @st.composite
 def validation_requests(draw):
-    req = {"solve": draw(solve_requests()), "dataset": draw(st.sampled_from(["/fake/rejected.npz", "/fake/crash.npz"])),
-           "steps": draw(st.integers(1, 3)), "batch_size": 8}
+    req = {
+        "solve": draw(solve_requests()),
+        "dataset": draw(st.sampled_from(["rejected.npz", "crash.npz"])),
+        "steps": draw(st.integers(1, 3)),
+        "batch_size": 8,
+    }
     if draw(st.booleans()):
         req["baselines"] = draw(st.lists(st.sampled_from(["he", "eoc", "plain"]), max_size=3))
     return req
 
 
 # -- checks -----------------------------------------------------------------------------------------
+
 
 def send(client, name: str, method: str, path: str, content=None, headers=None):
     headers = {"content-type": "application/json", **(headers or {})}
@@ -229,6 +331,7 @@ def check(r, ok: int, sent=b"", name: str = ""):
 
 # -- the fuzz tests ---------------------------------------------------------------------------------
 
+
 @FUZZ
 @given(body=bodies(solve_requests()))
 def test_solve_fuzz(client, body):
@@ -247,16 +350,46 @@ def test_validation_fuzz(client, body):
         assert out["status"] == "queued"
 
 
-TEMPLATE_PARAMS = ["depth", "width", "input_shape", "version", "shortcut_weight", "growth_rate", "classes", "bias", "junk"]
+TEMPLATE_PARAMS = [
+    "depth",
+    "width",
+    "input_shape",
+    "version",
+    "shortcut_weight",
+    "growth_rate",
+    "classes",
+    "bias",
+    "junk",
+]
 
 
 @settings(FUZZ, max_examples=100)
-@given(name=st.sampled_from(["mlp", "cnn", "resnet", "densenet", "nope"]),
-       params=st.dictionaries(st.sampled_from(TEMPLATE_PARAMS),
-                              st.one_of(st.integers(-5, 300).map(str), st.sampled_from(
-                                  ["1e400", "NaN", "[3,8,8]", "[3, 32, 32]", "[" * 3000, "true", "0.5", "100000", "-1",
-                                   "[1e400]", "[NaN]", "x" * 500])),
-                              max_size=4))
+@given(
+    name=st.sampled_from(["mlp", "cnn", "resnet", "densenet", "nope"]),
+    params=st.dictionaries(
+        st.sampled_from(TEMPLATE_PARAMS),
+        st.one_of(
+            st.integers(-5, 300).map(str),
+            st.sampled_from(
+                [
+                    "1e400",
+                    "NaN",
+                    "[3,8,8]",
+                    "[3, 32, 32]",
+                    "[" * 3000,
+                    "true",
+                    "0.5",
+                    "100000",
+                    "-1",
+                    "[1e400]",
+                    "[NaN]",
+                    "x" * 500,
+                ]
+            ),
+        ),
+        max_size=4,
+    ),
+)
 def test_template_query_fuzz(client, name, params):
     start = time.perf_counter()
     r = client.get(f"/v1/templates/{name}", params=params)

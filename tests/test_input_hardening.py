@@ -1,4 +1,4 @@
-"""Input hardening (issue 9): every bound answers a clean 4xx in the contract's error shape with a
+"""Input hardening: every bound answers a clean 4xx in the contract's error shape with a
 hint, quickly (well under a second, typically milliseconds), never a 5xx.
 
 Bounds: JSON's missing NaN/Infinity (Python's parser accepts them) and numbers past a double's
@@ -25,7 +25,7 @@ from .inprocess import KEY_ONE, app_client, bearer, mlp, validation
 from .service_fixtures import assert_error
 from .test_engine_fuzz import residual_chain
 
-FAST_S = 1.0  # what the issue asks; the measured times are printed (-s) and are milliseconds
+FAST_S = 1.0  # a rejection answers within a second; the measured times are printed (-s) and are milliseconds
 SOLVE = "/v1/solve"
 VALIDATIONS = "/v1/validations"
 
@@ -77,10 +77,13 @@ def test_non_finite_target_is_invalid_target(client, token):
 
 @pytest.mark.parametrize("token", NON_FINITE)
 def test_non_finite_number_in_the_graph_is_rejected(client, token):
-    nodes = [{"id": "x", "op": "input", "shape": [4]}, {"id": "d", "op": "dense", "inputs": ["x"], "units": 4},
-             {"id": "a", "op": "activation", "inputs": ["d"]},
-             {"id": "s", "op": "sum", "inputs": ["d", "a"], "weights": ["@", 0.6]},
-             {"id": "o", "op": "output", "inputs": ["s"]}]
+    nodes = [
+        {"id": "x", "op": "input", "shape": [4]},
+        {"id": "d", "op": "dense", "inputs": ["x"], "units": 4},
+        {"id": "a", "op": "activation", "inputs": ["d"]},
+        {"id": "s", "op": "sum", "inputs": ["d", "a"], "weights": ["@", 0.6]},
+        {"id": "o", "op": "output", "inputs": ["s"]},
+    ]
     body = raw({**mlp(), "graph": {"nodes": nodes}}, **{"@": token})
     err = rejected(client, "POST", SOLVE, body, 422, "invalid_request")
     assert "graph.nodes.3.weights.0" in err["message"] and "finite" in err["message"]
@@ -101,8 +104,9 @@ def test_finite_floats_and_big_exponents_that_fit_are_fine(client):
     assert r.json()["targets"] == {"eta": 0.5}
 
 
-@pytest.mark.parametrize("token,code", [("NaN", "invalid_target"), ("1e400", "invalid_target"),
-                                        ("-Infinity", "invalid_target")])
+@pytest.mark.parametrize(
+    "token,code", [("NaN", "invalid_target"), ("1e400", "invalid_target"), ("-Infinity", "invalid_target")]
+)
 def test_cli_rejects_non_finite_numbers(tmp_path, capsys, token, code):
     path = tmp_path / "req.json"
     path.write_bytes(raw({**mlp(), "targets": {"eta": "@"}}, **{"@": token}))
@@ -114,9 +118,15 @@ def test_cli_rejects_non_finite_numbers(tmp_path, capsys, token, code):
 
 
 def test_cli_rejects_non_finite_numbers_on_stdin(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO('{"graph": {"template": "mlp", "depth": 3}, "method": "tat", '
-                                                  '"activation": "leaky_relu", "targets": {"eta": 0.5}, '
-                                                  '"c_map_points": Infinity}'))
+    monkeypatch.setattr(
+        sys,
+        "stdin",
+        io.StringIO(
+            '{"graph": {"template": "mlp", "depth": 3}, "method": "tat", '
+            '"activation": "leaky_relu", "targets": {"eta": 0.5}, '
+            '"c_map_points": Infinity}'
+        ),
+    )
     assert cli.main(["solve", "-"]) == 2
     error = json.loads(capsys.readouterr().err)["error"]
     assert error["code"] == "invalid_request" and "c_map_points" in error["message"] and error["hint"]
@@ -163,12 +173,16 @@ def test_huge_integers_are_invalid_json_not_a_crash(client):
 
 # -- size: nodes, depth, fan-in, templates before expansion -----------------------------------------
 
-@pytest.mark.parametrize("template", [
-    {"template": "mlp", "depth": 100_000, "width": 1_000_000},
-    {"template": "cnn", "depth": 100_000},
-    {"template": "mlp", "depth": 10_001},
-    {"template": "densenet", "depth": 6 * 16_000 + 4},
-])
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        {"template": "mlp", "depth": 100_000, "width": 1_000_000},
+        {"template": "cnn", "depth": 100_000},
+        {"template": "mlp", "depth": 10_001},
+        {"template": "densenet", "depth": 6 * 16_000 + 4},
+    ],
+)
 def test_oversized_templates_are_refused_before_expansion(client, template):
     body = {**mlp(), "graph": template}
     err = rejected(client, "POST", SOLVE, body, 413, "graph_too_large")
@@ -184,9 +198,11 @@ def test_oversized_templates_are_refused_before_expansion(client, template):
 
 def test_default_limits_admit_the_deep_networks_sigprop_is_for(client):
     """ResNet-152, DenseNet-264 and a 1,000-block residual network solve under the default bounds."""
-    for graph in ({"template": "resnet", "depth": 152, "shortcut_weight": 0.5, "input_shape": [3, 64, 64]},
-                  {"template": "densenet", "depth": 264, "input_shape": [3, 64, 64]},
-                  {"template": "mlp", "depth": 10_000, "width": 8}):
+    for graph in (
+        {"template": "resnet", "depth": 152, "shortcut_weight": 0.5, "input_shape": [3, 64, 64]},
+        {"template": "densenet", "depth": 264, "input_shape": [3, 64, 64]},
+        {"template": "mlp", "depth": 10_000, "width": 8},
+    ):
         r, _ = timed(client, "POST", SOLVE, {**mlp(), "graph": graph, "targets": {"eta": 0.9}})
         assert r.status_code == 200, (graph, r.text[:300])
     r, _ = timed(client, "POST", SOLVE, {**mlp(), "graph": residual_chain(1000), "targets": {"eta": 0.9}})
@@ -195,6 +211,7 @@ def test_default_limits_admit_the_deep_networks_sigprop_is_for(client):
 
 
 def _chain(depth: int) -> list[dict]:
+    """Activations in a row (outside the kernel theory, so solved with "assumptions": "warn")."""
     nodes = [{"id": "x", "op": "input", "shape": [4]}]
     prev = "x"
     for i in range(depth):
@@ -205,7 +222,15 @@ def _chain(depth: int) -> list[dict]:
 
 def test_depth_limit(tmp_path):
     with app_client(tmp_path, max_depth=50) as c:
-        assert timed(c, "POST", SOLVE, {**mlp(), "graph": {"nodes": _chain(50)}, "targets": {"eta": 0.9}})[0].status_code == 200
+        assert (
+            timed(
+                c,
+                "POST",
+                SOLVE,
+                {**mlp(), "graph": {"nodes": _chain(50)}, "targets": {"eta": 0.9}, "assumptions": "warn"},
+            )[0].status_code
+            == 200
+        )
         err = rejected(c, "POST", SOLVE, {**mlp(), "graph": {"nodes": _chain(51)}}, 413, "graph_too_large")
         assert "51 nonlinear layers" in err["message"] and "SIGPROP_MAX_DEPTH" in err["hint"]
         err = rejected(c, "POST", SOLVE, mlp(depth=51), 413, "graph_too_large")
@@ -223,14 +248,18 @@ def _wide(op: str, n: int) -> dict:
 
 @pytest.mark.parametrize("op", ["sum", "concat"])
 def test_fan_in_limit(client, op):
-    assert timed(client, "POST", SOLVE, {**mlp(), "graph": _wide(op, 1024), "targets": {"eta": 0.1}})[0].status_code == 200
+    assert (
+        timed(client, "POST", SOLVE, {**mlp(), "graph": _wide(op, 1024), "targets": {"eta": 0.1}})[0].status_code == 200
+    )
     err = rejected(client, "POST", SOLVE, {**mlp(), "graph": _wide(op, 1025)}, 413, "graph_too_large")
     assert "1025 inputs" in err["message"] and "SIGPROP_MAX_FAN_IN" in err["hint"]
 
 
 def test_fan_in_limit_applies_to_templates(tmp_path):
     with app_client(tmp_path, max_fan_in=10) as c:
-        err = rejected(c, "POST", SOLVE, {**mlp(), "graph": {"template": "densenet", "depth": 121}}, 413, "graph_too_large")
+        err = rejected(
+            c, "POST", SOLVE, {**mlp(), "graph": {"template": "densenet", "depth": 121}}, 413, "graph_too_large"
+        )
         assert "25 inputs" in err["message"]
 
 
@@ -240,13 +269,23 @@ def test_node_limit_counts_templates_before_expansion(tmp_path):
         rejected(c, "POST", SOLVE, mlp(depth=4), 413, "graph_too_large")  # 11 nodes
 
 
-@pytest.mark.parametrize("params", [
-    {"template": "mlp", "depth": 1}, {"template": "mlp", "depth": 40, "input_shape": [3, 8, 8]},
-    {"template": "cnn", "depth": 7}, {"template": "densenet", "depth": 40}, {"template": "densenet", "depth": 121},
-    {"template": "densenet", "depth": 264, "input_shape": [3, 64, 64]},
-    *({"template": "resnet", "depth": d, "version": v, "shortcut_weight": w, "input_shape": [3, 64, 64]}
-      for d in (18, 50, 152, 200) for v in (1, 2) for w in (0.0, 0.5)),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"template": "mlp", "depth": 1},
+        {"template": "mlp", "depth": 40, "input_shape": [3, 8, 8]},
+        {"template": "cnn", "depth": 7},
+        {"template": "densenet", "depth": 40},
+        {"template": "densenet", "depth": 121},
+        {"template": "densenet", "depth": 264, "input_shape": [3, 64, 64]},
+        *(
+            {"template": "resnet", "depth": d, "version": v, "shortcut_weight": w, "input_shape": [3, 64, 64]}
+            for d in (18, 50, 152, 200)
+            for v in (1, 2)
+            for w in (0.0, 0.5)
+        ),
+    ],
+)
 def test_template_size_from_parameters_is_exact(params):
     t = Template.model_validate(params)
     graph = expand_template(t)
@@ -256,11 +295,17 @@ def test_template_size_from_parameters_is_exact(params):
 
 # -- numeric ranges ----------------------------------------------------------------------------------
 
+
 def _node_graph(**attrs) -> dict:
     """A small valid graph whose dense node gets ``attrs``."""
-    return {"nodes": [{"id": "x", "op": "input", "shape": [4]},
-                      {"id": "d", "op": "dense", "inputs": ["x"], "units": 4, **attrs},
-                      {"id": "a", "op": "activation", "inputs": ["d"]}, {"id": "o", "op": "output", "inputs": ["a"]}]}
+    return {
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [4]},
+            {"id": "d", "op": "dense", "inputs": ["x"], "units": 4, **attrs},
+            {"id": "a", "op": "activation", "inputs": ["d"]},
+            {"id": "o", "op": "output", "inputs": ["a"]},
+        ]
+    }
 
 
 RANGE_CASES = [
@@ -270,21 +315,72 @@ RANGE_CASES = [
     ("units_float", {**mlp(), "graph": _node_graph(units=4.5)}, "invalid_graph"),
     ("units_string", {**mlp(), "graph": _node_graph(units="many")}, "invalid_graph"),
     ("bias_not_bool", {**mlp(), "graph": _node_graph(bias="maybe")}, "invalid_graph"),
-    ("shape_huge", {**mlp(), "graph": {"nodes": [{"id": "x", "op": "input", "shape": [10**9]},
-                                                 {"id": "o", "op": "output", "inputs": ["x"]}]}}, "invalid_graph"),
-    ("sum_weight_huge", {**mlp(), "graph": {"nodes": [
-        {"id": "x", "op": "input", "shape": [4]}, {"id": "s", "op": "sum", "inputs": ["x", "x"], "weights": [1e30, 1]},
-        {"id": "o", "op": "output", "inputs": ["s"]}]}}, "invalid_graph"),
-    ("sum_weights_too_many", {**mlp(), "graph": {"nodes": [
-        {"id": "x", "op": "input", "shape": [4]}, {"id": "s", "op": "sum", "inputs": ["x", "x"], "weights": [0.1] * 5000},
-        {"id": "o", "op": "output", "inputs": ["s"]}]}}, "invalid_graph"),
-    ("dropout_rate", {**mlp(), "graph": {"nodes": [
-        {"id": "x", "op": "input", "shape": [4]}, {"id": "p", "op": "dropout", "inputs": ["x"], "rate": 1.5},
-        {"id": "o", "op": "output", "inputs": ["p"]}]}}, "invalid_graph"),
-    ("conv_kernel_huge", {**mlp(), "graph": {"nodes": [
-        {"id": "x", "op": "input", "shape": [3, 8, 8]}, {"id": "c", "op": "conv", "inputs": ["x"], "channels": 4,
-                                                         "kernel": 100_000},
-        {"id": "o", "op": "output", "inputs": ["c"]}]}}, "invalid_graph"),
+    (
+        "shape_huge",
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [{"id": "x", "op": "input", "shape": [10**9]}, {"id": "o", "op": "output", "inputs": ["x"]}]
+            },
+        },
+        "invalid_graph",
+    ),
+    (
+        "sum_weight_huge",
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [4]},
+                    {"id": "s", "op": "sum", "inputs": ["x", "x"], "weights": [1e30, 1]},
+                    {"id": "o", "op": "output", "inputs": ["s"]},
+                ]
+            },
+        },
+        "invalid_graph",
+    ),
+    (
+        "sum_weights_too_many",
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [4]},
+                    {"id": "s", "op": "sum", "inputs": ["x", "x"], "weights": [0.1] * 5000},
+                    {"id": "o", "op": "output", "inputs": ["s"]},
+                ]
+            },
+        },
+        "invalid_graph",
+    ),
+    (
+        "dropout_rate",
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [4]},
+                    {"id": "p", "op": "dropout", "inputs": ["x"], "rate": 1.5},
+                    {"id": "o", "op": "output", "inputs": ["p"]},
+                ]
+            },
+        },
+        "invalid_graph",
+    ),
+    (
+        "conv_kernel_huge",
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [3, 8, 8]},
+                    {"id": "c", "op": "conv", "inputs": ["x"], "channels": 4, "kernel": 100_000},
+                    {"id": "o", "op": "output", "inputs": ["c"]},
+                ]
+            },
+        },
+        "invalid_graph",
+    ),
     ("template_depth_negative", {**mlp(), "graph": {"template": "mlp", "depth": -1}}, "invalid_graph"),
     ("template_depth_huge", {**mlp(), "graph": {"template": "mlp", "depth": 10**9}}, "invalid_graph"),
     ("shortcut_weight", {**mlp(), "graph": {"template": "resnet", "depth": 50, "shortcut_weight": 2}}, "invalid_graph"),
@@ -321,20 +417,78 @@ def test_validation_numeric_ranges(client, body):
 # -- ids and names: a safe character set ------------------------------------------------------------
 
 ID_CASES = [
-    ("node_id_markup", "POST", SOLVE, {**mlp(), "graph": {"nodes": [
-        {"id": "<script>", "op": "input", "shape": [4]}, {"id": "o", "op": "output", "inputs": ["<script>"]}]}},
-     422, "invalid_graph"),
-    ("node_id_quote", "POST", SOLVE, {**mlp(), "graph": {"nodes": [
-        {"id": 'x"y', "op": "input", "shape": [4]}, {"id": "o", "op": "output", "inputs": ['x"y']}]}}, 422, "invalid_graph"),
-    ("node_id_too_long", "POST", SOLVE, {**mlp(), "graph": {"nodes": [
-        {"id": "x" * 500, "op": "input", "shape": [4]}, {"id": "o", "op": "output", "inputs": ["x" * 500]}]}},
-     422, "invalid_graph"),
-    ("fn_path", "POST", SOLVE, {**mlp(), "graph": {"nodes": [
-        {"id": "x", "op": "input", "shape": [4]}, {"id": "a", "op": "activation", "inputs": ["x"], "fn": "../../etc"},
-        {"id": "o", "op": "output", "inputs": ["a"]}]}}, 422, "invalid_graph"),
+    (
+        "node_id_markup",
+        "POST",
+        SOLVE,
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "<script>", "op": "input", "shape": [4]},
+                    {"id": "o", "op": "output", "inputs": ["<script>"]},
+                ]
+            },
+        },
+        422,
+        "invalid_graph",
+    ),
+    (
+        "node_id_quote",
+        "POST",
+        SOLVE,
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [{"id": 'x"y', "op": "input", "shape": [4]}, {"id": "o", "op": "output", "inputs": ['x"y']}]
+            },
+        },
+        422,
+        "invalid_graph",
+    ),
+    (
+        "node_id_too_long",
+        "POST",
+        SOLVE,
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "x" * 500, "op": "input", "shape": [4]},
+                    {"id": "o", "op": "output", "inputs": ["x" * 500]},
+                ]
+            },
+        },
+        422,
+        "invalid_graph",
+    ),
+    (
+        "fn_path",
+        "POST",
+        SOLVE,
+        {
+            **mlp(),
+            "graph": {
+                "nodes": [
+                    {"id": "x", "op": "input", "shape": [4]},
+                    {"id": "a", "op": "activation", "inputs": ["x"], "fn": "../../etc"},
+                    {"id": "o", "op": "output", "inputs": ["a"]},
+                ]
+            },
+        },
+        422,
+        "invalid_graph",
+    ),
     ("activation_markup", "POST", SOLVE, {**mlp(), "activation": "<b>tanh</b>"}, 422, "unsupported_activation"),
     ("activation_empty", "POST", SOLVE, {**mlp(), "activation": ""}, 422, "unsupported_activation"),
-    ("template_name", "POST", SOLVE, {**mlp(), "graph": {"template": "mlp; rm -rf /", "depth": 3}}, 422, "invalid_graph"),
+    (
+        "template_name",
+        "POST",
+        SOLVE,
+        {**mlp(), "graph": {"template": "mlp; rm -rf /", "depth": 3}},
+        422,
+        "invalid_graph",
+    ),
     ("dataset_shell", "POST", VALIDATIONS, {**validation(), "dataset": "x.npz; rm -rf /"}, 422, "invalid_request"),
     ("dataset_newline", "POST", VALIDATIONS, {**validation(), "dataset": "a\nb.npz"}, 422, "invalid_request"),
     ("solution_key", "GET", "/v1/solutions/abc$def", None, 422, "invalid_request"),

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from sigprop.engine.graph import build_graph
-from sigprop.engine.jacobian import (detect_structure, jacobian_stats, output_moments, residual_branch_scale,
-                                     vanilla_jacobian_moments)
+from sigprop.engine.jacobian import (
+    detect_structure,
+    jacobian_stats,
+    output_moments,
+    residual_branch_scale,
+    vanilla_jacobian_moments,
+)
 from sigprop.engine.templates import expand_template
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
@@ -45,7 +50,7 @@ def resnet_jacobian_norms(depth, n, m, alpha, k, draws, rng):
             ws.append(w)
             masks.append(mask)
         if block == k:
-            a_norm = np.sum(y ** 2, axis=1)
+            a_norm = np.sum(y**2, axis=1)
             jac = masks[0][:, :, None] * eye
             for j in range(1, m):
                 jac = _matmul(ws[j], jac)
@@ -59,7 +64,7 @@ def resnet_jacobian_norms(depth, n, m, alpha, k, draws, rng):
                     branch = masks[j][:, :, None] * branch
             jac = jac + branch
         y = y + h
-    return a_norm * np.sum(jac ** 2, axis=(1, 2))
+    return a_norm * np.sum(jac**2, axis=(1, 2))
 
 
 def densenet_jacobian_norms(depth, n, alpha, k, draws, rng):
@@ -74,10 +79,11 @@ def densenet_jacobian_norms(depth, n, alpha, k, draws, rng):
         ys.append(pre * masks[l])
     grads = {depth: np.broadcast_to(np.eye(n), (draws, n, n))}
     for l in range(depth - 1, k - 1, -1):
-        grads[l] = sum(_matmul(grads[q] * masks[q][:, None, :], ws[q][:, :, l * n:(l + 1) * n])
-                       for q in range(l + 1, depth + 1))
+        grads[l] = sum(
+            _matmul(grads[q] * masks[q][:, None, :], ws[q][:, :, l * n : (l + 1) * n]) for q in range(l + 1, depth + 1)
+        )
     dh = grads[k] * masks[k][:, None, :]
-    return np.sum(np.concatenate(ys[:k], axis=1) ** 2, axis=1) * np.sum(dh ** 2, axis=(1, 2))
+    return np.sum(np.concatenate(ys[:k], axis=1) ** 2, axis=1) * np.sum(dh**2, axis=(1, 2))
 
 
 def check_against_theorem(norms_by_depth, kind, alpha, m=2, layer=1):
@@ -110,9 +116,9 @@ def test_resnet_monte_carlo_figure_2():
         if alpha == 1.0:
             # Theorem 2, equation 19: log var grows per block at a rate between rho_-^m / 2 and
             # 2 rho_+^(m/2) (rho_+- = alpha^2 (1 + 5/n) for Gaussian weights)
-            rho = alpha ** 2 * (1 + 5 / WIDTH)
+            rho = alpha**2 * (1 + 5 / WIDTH)
             rate = math.log(var[8] / var[2]) / 6
-            assert 0.5 * rho ** 2 < rate < 2 * rho, rate
+            assert 0.5 * rho**2 < rate < 2 * rho, rate
             assert var[8] / var[1] > 1e3  # unscaled branches explode
     # the recommended branch scale (L rho_+^(m/2) = 1) keeps the fluctuations bounded in depth:
     # the relative variance var / mean^2 of ||J||^2 stays put (the mean itself follows the branch
@@ -125,7 +131,7 @@ def test_resnet_monte_carlo_figure_2():
         st = jacobian_stats("residual", L, WIDTH, 2, rec["alpha"], 1)
         var = np.var(j, ddof=1)
         assert abs(j.mean() / st.mean - 1) < 0.1 and var <= st.var_upper
-        rel_var[L], predicted[L] = var / j.mean() ** 2, st.var_upper / st.mean ** 2
+        rel_var[L], predicted[L] = var / j.mean() ** 2, st.var_upper / st.mean**2
     assert predicted[16] / predicted[4] == pytest.approx(1.0, abs=0.15)
     assert 1 / 3 < rel_var[16] / rel_var[4] < 3, rel_var
 
@@ -161,11 +167,11 @@ def test_vanilla_exact_variance_and_theorem_1_lower_bound():
             pre = _matvec(w, y)
             mask = (pre > 0).astype(float)
             if l == k:
-                a_norm, jac = np.sum(y ** 2, axis=1), mask[:, :, None] * eye
+                a_norm, jac = np.sum(y**2, axis=1), mask[:, :, None] * eye
             elif l > k:
                 jac = mask[:, :, None] * _matmul(w, jac)
             y = pre * mask
-        j = a_norm * np.sum(jac ** 2, axis=(1, 2))
+        j = a_norm * np.sum(jac**2, axis=(1, 2))
         mean, var = vanilla_jacobian_moments(depth, WIDTH, alpha, k)
         assert mean == pytest.approx(jacobian_stats("vanilla", depth, WIDTH, alpha=alpha, layer=k).mean)
         assert j.mean() == pytest.approx(mean, rel=0.03)
@@ -182,7 +188,7 @@ def test_closed_forms():
     assert mu == 1.0 and fourth - 1 == pytest.approx((1 + 5 / n) ** 6 - 1)
     # Theorem 2: mu = alpha^m (1 + alpha^m)^(L-1); E||J||^2 = mu / c_2
     st = jacobian_stats("residual", 5, n, 3, 0.7, 2)
-    assert st.output_mean == pytest.approx(0.7 ** 3 * (1 + 0.7 ** 3) ** 4)
+    assert st.output_mean == pytest.approx(0.7**3 * (1 + 0.7**3) ** 4)
     assert st.mean == pytest.approx(st.output_mean / (2 * 0.7 / n))
     assert st.var_upper == pytest.approx(3 * st.var_lower)
     # Theorem 3: alpha = 1 keeps E||y^L||^2 = 1 at every depth (layer L: nothing bypasses the last
@@ -208,16 +214,25 @@ def test_detect_structure():
     st = detect_structure(g)
     assert (st.kind, st.depth, st.m) == ("residual", 8, 2)
     assert st.branch_scale == pytest.approx(0.6 / 0.8) and st.alpha == pytest.approx(0.75)
-    st = detect_structure(build_graph(expand_template(Template(template="resnet", depth=50, shortcut_weight=0.5)), "relu"))
+    st = detect_structure(
+        build_graph(expand_template(Template(template="resnet", depth=50, shortcut_weight=0.5)), "relu")
+    )
     assert (st.kind, st.depth, st.m) == ("residual", 16, 3)
     st = detect_structure(build_graph(expand_template(Template(template="densenet", depth=40)), "relu"))
     assert st.kind == "dense" and st.alpha == 1.0
-    st = detect_structure(build_graph(expand_template(Template(template="mlp", depth=5, width=64, input_shape=[10])), "relu"))
+    st = detect_structure(
+        build_graph(expand_template(Template(template="mlp", depth=5, width=64, input_shape=[10])), "relu")
+    )
     assert (st.kind, st.depth, st.width) == ("vanilla", 6, 64)
-    mixed = Graph.model_validate({"nodes": [
-        {"id": "x", "op": "input", "shape": [8]},
-        {"id": "a", "op": "dense", "units": 8, "inputs": ["x"]},
-        {"id": "s", "op": "sum", "inputs": ["x", "a"]},
-        {"id": "c", "op": "concat", "inputs": ["s", "x"]},
-        {"id": "out", "op": "output", "inputs": ["c"]}]})
+    mixed = Graph.model_validate(
+        {
+            "nodes": [
+                {"id": "x", "op": "input", "shape": [8]},
+                {"id": "a", "op": "dense", "units": 8, "inputs": ["x"]},
+                {"id": "s", "op": "sum", "inputs": ["x", "a"]},
+                {"id": "c", "op": "concat", "inputs": ["s", "x"]},
+                {"id": "out", "op": "output", "inputs": ["c"]},
+            ]
+        }
+    )
     assert detect_structure(build_graph(mixed, "relu")) is None

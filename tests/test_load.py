@@ -1,4 +1,4 @@
-"""The bounded load test (bench/load_test.py, issue 9) as a slow test: mixed cache hits and cold
+"""The bounded load test (bench/load_test.py) as a slow test: mixed cache hits and cold
 solves paced at about 560 requests/s for 10 s must be answered at >= 500/s with no errors.
 
 Slow (about 30 s of load, plus start-up) and sensitive to whatever else the machine runs, so it is
@@ -24,8 +24,13 @@ def test_mixed_load_holds_500_requests_per_second_without_errors():
     if shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (Debian package wrk)")
     shared_redis_or_skip().close()
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "load_test.py"), "--duration", "10"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "load_test.py"), "--duration", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     print(out.stdout[-3000:])
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     assert "load test: PASS" in out.stdout

@@ -75,8 +75,16 @@ def test_suo_sampler(m, k):
 
 def trelu_monte_carlo(nets: int, pairs: int, seed: int, depth: int = 50, eta: float = 0.9):
     """Empirical c (per layer, per pair) and q (per layer, per input) of the solved TReLU MLP."""
-    ans = solve(parse_solve_request({"graph": {"template": "mlp", "depth": depth, "width": WIDTH, "classes": WIDTH},
-                                     "method": "tat", "activation": "leaky_relu", "targets": {"eta": eta}}))
+    ans = solve(
+        parse_solve_request(
+            {
+                "graph": {"template": "mlp", "depth": depth, "width": WIDTH, "classes": WIDTH},
+                "method": "tat",
+                "activation": "leaky_relu",
+                "targets": {"eta": eta},
+            }
+        )
+    )
     a, gamma = ans.negative_slope, ans.output_scale
     assert len(ans.layers) == depth + 1
     assert all((x.fan_in, x.fan_out, x.gain) == (WIDTH, WIDTH, 1.0) for x in ans.layers)
@@ -131,8 +139,16 @@ def test_trelu_mlp_empirical_c_values_many_networks():
 
 
 def softplus_monte_carlo(nets: int, pairs: int, seed: int, depth: int = 20, tau: float = 0.3, c0s=(0.0, 0.5)):
-    ans = solve(parse_solve_request({"graph": {"template": "mlp", "depth": depth, "width": WIDTH, "classes": WIDTH},
-                                     "method": "tat", "activation": "softplus", "targets": {"tau": tau}}))
+    ans = solve(
+        parse_solve_request(
+            {
+                "graph": {"template": "mlp", "depth": depth, "width": WIDTH, "classes": WIDTH},
+                "method": "tat",
+                "activation": "softplus",
+                "targets": {"tau": tau},
+            }
+        )
+    )
     alpha, beta, gamma, delta = ans.input_scale, ans.input_shift, ans.output_scale, ans.output_shift
 
     def phi(x):
@@ -146,15 +162,15 @@ def softplus_monte_carlo(nets: int, pairs: int, seed: int, depth: int = 20, tau:
         base = orthogonal_inputs(2 * k * pairs, WIDTH, rng)
         h = np.empty_like(base)
         for j, c0 in enumerate(c0s):  # rows 2 * pairs * j ... : pairs (x1, c0 x1 + sqrt(1 - c0^2) x2)
-            x1, x2 = base[2 * pairs * j:2 * pairs * (j + 1):2], base[2 * pairs * j + 1:2 * pairs * (j + 1):2]
-            h[2 * pairs * j:2 * pairs * (j + 1):2] = x1
-            h[2 * pairs * j + 1:2 * pairs * (j + 1):2] = c0 * x1 + math.sqrt(1 - c0 * c0) * x2
+            x1, x2 = base[2 * pairs * j : 2 * pairs * (j + 1) : 2], base[2 * pairs * j + 1 : 2 * pairs * (j + 1) : 2]
+            h[2 * pairs * j : 2 * pairs * (j + 1) : 2] = x1
+            h[2 * pairs * j + 1 : 2 * pairs * (j + 1) : 2] = c0 * x1 + math.sqrt(1 - c0 * c0) * x2
         ws = weights(ans.layers, rng)
         for w in ws[:-1]:
             h = phi(h @ w.T)
         h = h @ ws[-1].T
         for j, c0 in enumerate(c0s):
-            outs[c0].append(cosine(h[2 * pairs * j:2 * pairs * (j + 1)]))
+            outs[c0].append(cosine(h[2 * pairs * j : 2 * pairs * (j + 1)]))
         q_out.append(np.sum(h * h, axis=1) / WIDTH)
     return ans, {c0: float(np.mean(v)) for c0, v in outs.items()}, float(np.mean(q_out))
 

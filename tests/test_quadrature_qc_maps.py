@@ -18,8 +18,7 @@ from scipy.special import erf, expit, ndtr
 
 from sigprop.engine import eoc
 from sigprop.engine.activations import get_activation, transformed
-from sigprop.engine.qc_maps import (c_map, leaky_relu_c_map, leaky_relu_c_map_scalar,
-                                    local_stats)
+from sigprop.engine.qc_maps import c_map, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats
 from sigprop.engine.quadrature import expect, gaussian_rule
 
 SQRT_2PI = math.sqrt(2.0 * math.pi)
@@ -35,7 +34,7 @@ def quad_expect(f, breaks=()) -> float:
     total = 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", integrate.IntegrationWarning)  # "roundoff detected" at 1e-14 asks
-        for a, b in zip(pts[:-1], pts[1:]):
+        for a, b in zip(pts[:-1], pts[1:], strict=False):
             val, _ = integrate.quad(lambda z: f(z) * pdf(z), a, b, epsabs=1e-14, epsrel=1e-13, limit=400)
             total += val
     return total
@@ -58,20 +57,33 @@ def _gelu_pdf(x):
 
 
 REF = {
-    "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2,
-             lambda x: -2.0 * np.tanh(x) * (1.0 - np.tanh(x) ** 2), ()),
+    "tanh": (np.tanh, lambda x: 1.0 - np.tanh(x) ** 2, lambda x: -2.0 * np.tanh(x) * (1.0 - np.tanh(x) ** 2), ()),
     "softplus": (_softplus, expit, lambda x: expit(x) * (1.0 - expit(x)), ()),
-    "gelu": (lambda x: x * ndtr(x), lambda x: ndtr(x) + x * _gelu_pdf(x),
-             lambda x: (2.0 - x * x) * _gelu_pdf(x), ()),
-    "swish": (lambda x: x * expit(x), lambda x: expit(x) * (1.0 + x * (1.0 - expit(x))),
-              lambda x: expit(x) * (1.0 - expit(x)) * (2.0 + x * (1.0 - 2.0 * expit(x))), ()),
-    "erf": (erf, lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-x * x),
-            lambda x: -4.0 * x / math.sqrt(math.pi) * np.exp(-x * x), ()),
-    "elu": (lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
-            lambda x: np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0))),
-            lambda x: np.where(x > 0, 0.0, np.exp(np.minimum(x, 0.0))), (0.0,)),
-    "leaky_relu": (lambda x: np.where(x > 0, x, 0.2 * x), lambda x: np.where(x > 0, 1.0, 0.2),
-                   lambda x: 0.0 * x, (0.0,)),
+    "gelu": (lambda x: x * ndtr(x), lambda x: ndtr(x) + x * _gelu_pdf(x), lambda x: (2.0 - x * x) * _gelu_pdf(x), ()),
+    "swish": (
+        lambda x: x * expit(x),
+        lambda x: expit(x) * (1.0 + x * (1.0 - expit(x))),
+        lambda x: expit(x) * (1.0 - expit(x)) * (2.0 + x * (1.0 - 2.0 * expit(x))),
+        (),
+    ),
+    "erf": (
+        erf,
+        lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-x * x),
+        lambda x: -4.0 * x / math.sqrt(math.pi) * np.exp(-x * x),
+        (),
+    ),
+    "elu": (
+        lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
+        lambda x: np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0))),
+        lambda x: np.where(x > 0, 0.0, np.exp(np.minimum(x, 0.0))),
+        (0.0,),
+    ),
+    "leaky_relu": (
+        lambda x: np.where(x > 0, x, 0.2 * x),
+        lambda x: np.where(x > 0, 1.0, 0.2),
+        lambda x: 0.0 * x,
+        (0.0,),
+    ),
 }
 
 
@@ -93,8 +105,13 @@ def test_expect_tanh_squared_matches_quad(a, b):
 @pytest.mark.parametrize("a,b", [(1.0, 0.0), (0.4, 0.6), (2.5, -0.8)])
 def test_expect_smooth_activations_match_quad(name, a, b):
     fn, d1, d2, _ = REF[name]
-    for g in (lambda z: fn(a * z + b), lambda z: fn(a * z + b) ** 2, lambda z: d1(a * z + b) ** 2,
-              lambda z: d2(a * z + b) ** 2, lambda z: fn(a * z + b) * d1(a * z + b) * z):
+    for g in (
+        lambda z: fn(a * z + b),
+        lambda z: fn(a * z + b) ** 2,
+        lambda z: d1(a * z + b) ** 2,
+        lambda z: d2(a * z + b) ** 2,
+        lambda z: fn(a * z + b) * d1(a * z + b) * z,
+    ):
         assert close(expect(g, scale=a), quad_expect(g), 1e-10)
 
 
@@ -103,8 +120,12 @@ def test_expect_kinked_integrands_with_breakpoints(a, b):
     """elu''(a z + b)^2 jumps where a z + b = 0; the rule must split exactly there."""
     _, d1, d2, _ = REF["elu"]
     kink = -b / a
-    for g in (lambda z: d2(a * z + b) ** 2, lambda z: d1(a * z + b), lambda z: d2(a * z + b) * z * z,
-              lambda z: np.maximum(a * z + b, 0.0) ** 2):
+    for g in (
+        lambda z: d2(a * z + b) ** 2,
+        lambda z: d1(a * z + b),
+        lambda z: d2(a * z + b) * z * z,
+        lambda z: np.maximum(a * z + b, 0.0) ** 2,
+    ):
         got = expect(g, kinks=[kink], scale=abs(a))
         assert close(got, quad_expect(g, [kink]), 1e-10)
 
@@ -386,5 +407,3 @@ def test_hermite_c_map_of_leaky_relu_within_its_tail_bound(a):
     assert abs(h.coefficients[0] - (1 - a) ** 2 / (math.pi * (1 + a * a))) < 1e-12
     if a == 0.0:
         assert 1e-4 < h.tail < 1e-3  # the answer warns about it
-
-

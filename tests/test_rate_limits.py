@@ -1,4 +1,4 @@
-"""Rate limits (issue 9): cold solves and validation submissions per client (its valid API key,
+"""Rate limits: cold solves and validation submissions per client (its valid API key,
 else its address), 429 ``rate_limited`` with Retry-After; cache hits are never limited. With Redis
 the budget is shared by every API process; when that Redis is down the limiter counts in process
 memory and solves keep answering.
@@ -13,8 +13,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from sigprop.api.ratelimit import RateLimit, RateLimited, parse_rate_limit
-from sigprop.settings import Settings
+from sigprop.api.ratelimit import RateLimit, RateLimited
+from sigprop.settings import Settings, parse_rate_limit
 
 from .inprocess import KEY_ONE, KEY_TWO, app_client, bearer, eoc, mlp, validation
 from .service_fixtures import assert_error, free_port, start_redis, start_service
@@ -29,6 +29,7 @@ def assert_limited(r: httpx.Response, window_s: int = 60) -> int:
 
 
 # -- in-process (memory storage) --------------------------------------------------------------------
+
 
 def test_the_fourth_cold_solve_is_limited_and_hits_never_are(tmp_path):
     with app_client(tmp_path, rate_limit_cold_solves="3/minute") as c:
@@ -107,7 +108,9 @@ def test_limits_are_validated_at_startup(tmp_path):
             Settings(data_dir=tmp_path, rate_limit_cold_solves=bad)
     with pytest.raises(ValidationError, match="rate limit"):
         Settings(data_dir=tmp_path, rate_limit_validations="0/minute")
-    ok = Settings(data_dir=tmp_path, rate_limit_cold_solves="10/second;600/hour", rate_limit_validations="30 per minute")
+    ok = Settings(
+        data_dir=tmp_path, rate_limit_cold_solves="10/second;600/hour", rate_limit_validations="30 per minute"
+    )
     assert [str(i) for i in parse_rate_limit(ok.rate_limit_cold_solves)] == ["10 per 1 second", "600 per 1 hour"]
 
 
@@ -120,7 +123,7 @@ def test_openapi_documents_429(tmp_path):
 
 
 def test_limiter_falls_back_to_memory_when_its_redis_is_unreachable(caplog):
-    dead = f"redis://127.0.0.1:{free_port()}/0"   # nothing listens there
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     limit = RateLimit("test", "tests", "3/minute", "hint", redis_url=dead, redis_timeout_s=0.2)
     with caplog.at_level(logging.WARNING, logger="sigprop"):
         start = time.perf_counter()
@@ -138,6 +141,7 @@ def test_limiter_falls_back_to_memory_when_its_redis_is_unreachable(caplog):
 
 # -- real servers on Redis ----------------------------------------------------------------------------
 
+
 @pytest.fixture
 def private_redis(tmp_path):
     server = start_redis(tmp_path / "redis")
@@ -150,9 +154,16 @@ def test_redis_budget_is_shared_by_two_api_processes(tmp_path, private_redis):
 
     prom = tmp_path / "prom"
     prom.mkdir()
-    svc = start_service(tmp_path / "svc", {
-        "SIGPROP_REDIS_URL": private_redis.url, "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-        "SIGPROP_RATE_LIMIT_COLD_SOLVES": "3/minute", "PROMETHEUS_MULTIPROC_DIR": str(prom)}, workers=2)
+    svc = start_service(
+        tmp_path / "svc",
+        {
+            "SIGPROP_REDIS_URL": private_redis.url,
+            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+            "SIGPROP_RATE_LIMIT_COLD_SOLVES": "3/minute",
+            "PROMETHEUS_MULTIPROC_DIR": str(prom),
+        },
+        workers=2,
+    )
     svc.prom_dir = prom
     clients, owner = [], {}
     try:
@@ -189,9 +200,15 @@ def private_redis_keys(server) -> list[bytes]:
 
 
 def test_solves_keep_answering_when_the_limiters_redis_is_down(tmp_path, private_redis):
-    svc = start_service(tmp_path / "svc", {
-        "SIGPROP_REDIS_URL": private_redis.url, "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-        "SIGPROP_REDIS_TIMEOUT_S": "0.5", "SIGPROP_RATE_LIMIT_COLD_SOLVES": "3/minute"})
+    svc = start_service(
+        tmp_path / "svc",
+        {
+            "SIGPROP_REDIS_URL": private_redis.url,
+            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+            "SIGPROP_REDIS_TIMEOUT_S": "0.5",
+            "SIGPROP_RATE_LIMIT_COLD_SOLVES": "3/minute",
+        },
+    )
     try:
         c = svc.client(headers=bearer("no-such-key"))
         assert c.post("/v1/solve", json=eoc(1.0)).status_code == 200

@@ -99,17 +99,22 @@ def arch_id(arch: tuple) -> str:
 
 # ---------------------------------------------------------------- cached solves
 
+
 @functools.cache
 def dks_params(method: str, name: str, target: float, arch: tuple) -> dict[str, float]:
     """``_get_activations_params`` for one activation (dks method "TAT" or "DKS")."""
-    kw = {"tat_params": {"c_val_0_target": target} if name == "leaky_relu" else {"c_curve_target": target}} \
-        if method == "TAT" else {"dks_params": {"c_slope_1_target": target}}
+    kw = (
+        {"tat_params": {"c_val_0_target": target} if name == "leaky_relu" else {"c_curve_target": target}}
+        if method == "TAT"
+        else {"dks_params": {"c_slope_1_target": target}}
+    )
     state = np.random.get_state()  # dks reseeds the global NumPy generator; leave it as found
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")  # autograd overflow warnings in the tails
-            out = dks_at._get_activations_params([DKS_NAME.get(name, name)], method=method,
-                                                 subnet_max_func=subnet_max_func(arch), **kw)
+            out = dks_at._get_activations_params(
+                [DKS_NAME.get(name, name)], method=method, subnet_max_func=subnet_max_func(arch), **kw
+            )
     finally:
         np.random.set_state(state)
     return {k: float(v) for k, v in out[DKS_NAME.get(name, name)].items()}
@@ -117,8 +122,11 @@ def dks_params(method: str, name: str, target: float, arch: tuple) -> dict[str, 
 
 @functools.cache
 def sigprop_solution(method: str, name: str, target_name: str, target: float, arch: tuple):
-    return solve(SolveRequest.model_validate({"graph": graph_of(arch), "method": method, "activation": name,
-                                              "targets": {target_name: target}}))
+    return solve(
+        SolveRequest.model_validate(
+            {"graph": graph_of(arch), "method": method, "activation": name, "targets": {target_name: target}}
+        )
+    )
 
 
 # ---------------------------------------------------------------- independent moments (quad)
@@ -149,8 +157,10 @@ def _derivs(name: str, u: float) -> tuple[float, float, float]:
 
 def _gauss_mean(f) -> float:
     kw = dict(epsabs=1e-13, epsrel=1e-12, limit=400)
-    return (sp_int.quad(lambda z: f(z) * _phi(z), -np.inf, 0.0, **kw)[0]
-            + sp_int.quad(lambda z: f(z) * _phi(z), 0.0, np.inf, **kw)[0])
+    return (
+        sp_int.quad(lambda z: f(z) * _phi(z), -np.inf, 0.0, **kw)[0]
+        + sp_int.quad(lambda z: f(z) * _phi(z), 0.0, np.inf, **kw)[0]
+    )
 
 
 def quad_stats(name: str, p: dict[str, float]) -> dict[str, float]:
@@ -167,9 +177,13 @@ def quad_stats(name: str, p: dict[str, float]) -> dict[str, float]:
         return g * a * a * _derivs(name, a * z + b)[2]
 
     q1 = _gauss_mean(lambda z: f(z) ** 2)
-    return {"q_1": q1, "q_slope_1": _gauss_mean(lambda z: f(z) * f1(z) * z),
-            "c_0": _gauss_mean(f) ** 2 / q1, "c_slope_1": _gauss_mean(lambda z: f1(z) ** 2) / q1,
-            "c_curv_1": _gauss_mean(lambda z: f2(z) ** 2) / q1}
+    return {
+        "q_1": q1,
+        "q_slope_1": _gauss_mean(lambda z: f(z) * f1(z) * z),
+        "c_0": _gauss_mean(f) ** 2 / q1,
+        "c_slope_1": _gauss_mean(lambda z: f1(z) ** 2) / q1,
+        "c_curv_1": _gauss_mean(lambda z: f2(z) ** 2) / q1,
+    }
 
 
 def check_conditions(method: str, name: str, arch: tuple, sol) -> None:
@@ -199,8 +213,7 @@ def check_conditions(method: str, name: str, arch: tuple, sol) -> None:
 
 # ---------------------------------------------------------------- TAT, Leaky ReLU
 
-LRELU_CASES = ([(("mlp", d), eta) for d in MLP_DEPTHS for eta in MLP_ETAS]
-               + [(arch, RESNET_ETA) for arch in RESNETS])
+LRELU_CASES = [(("mlp", d), eta) for d in MLP_DEPTHS for eta in MLP_ETAS] + [(arch, RESNET_ETA) for arch in RESNETS]
 
 
 @pytest.mark.parametrize("arch,eta", LRELU_CASES, ids=[f"{arch_id(a)}-eta{e}" for a, e in LRELU_CASES])

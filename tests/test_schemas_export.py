@@ -19,7 +19,24 @@ def test_exported_schema_is_current(name, model):
 
 def test_contract_keys_are_in_the_solution_schema():
     props = Solution.model_json_schema(by_alias=True)["properties"]
-    for key in ("key", "negative_slope", "input_scale", "input_shift", "output_scale", "output_shift", "tau", "m",
-                "sigma_w2", "sigma_b2", "v_slope", "v_curvature", "chi_1", "c_f_0", "c_curv_1", "layers", "cached",
-                "warnings"):
+    for key in (
+        "key",
+        "negative_slope",
+        "input_scale",
+        "input_shift",
+        "output_scale",
+        "output_shift",
+        "tau",
+        "m",
+        "sigma_w2",
+        "sigma_b2",
+        "v_slope",
+        "v_curvature",
+        "chi_1",
+        "c_f_0",
+        "c_curv_1",
+        "layers",
+        "cached",
+        "warnings",
+    ):
         assert key in props, key

@@ -1,4 +1,4 @@
-"""API keys (issue 9): writes that cost or destroy always need a key; with SIGPROP_KEYS_FOR_READS
+"""API keys: writes that cost or destroy always need a key; with SIGPROP_KEYS_FOR_READS
 the solve and every read need one too, while /healthz, /readyz and /metrics stay open. Keys travel
 as Bearer tokens or as HTTP Basic passwords (browsers); 401 without a key, 403 with a wrong one, in
 the contract's error shape.
@@ -18,8 +18,8 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from sigprop.api.app import _error
 from sigprop.api.auth import KeyChecker, client_identity
+from sigprop.api.handlers import error_response as _error
 from sigprop.errors import SigpropError
 from sigprop.settings import Settings
 
@@ -31,9 +31,9 @@ MALFORMED = [
     {"Authorization": "Bearer"},
     {"Authorization": "Bearer   "},
     {"Authorization": f"Token {KEY_ONE}"},
-    {"Authorization": f"Basic {KEY_ONE}"},                                      # not base64 of user:key
+    {"Authorization": f"Basic {KEY_ONE}"},  # not base64 of user:key
     {"Authorization": "Basic " + base64.b64encode(KEY_ONE.encode()).decode()},  # no colon
-    {"Authorization": "Basic " + base64.b64encode(b"user:").decode()},          # empty password
+    {"Authorization": "Basic " + base64.b64encode(b"user:").decode()},  # empty password
     {"Authorization": "Basic !!!"},
     {"Authorization": ""},
 ]
@@ -65,11 +65,14 @@ def _validation_id(c) -> str:
 
 # -- writes: always keyed ---------------------------------------------------------------------------
 
+
 def _writes(c):
     """(method, path, json body) of every keyed write, each with a fresh target."""
-    return [("POST", "/v1/validations", validation()),
-            ("DELETE", f"/v1/validations/{_validation_id(c)}", None),
-            ("DELETE", f"/v1/solutions/{_stored_key(c)}", None)]
+    return [
+        ("POST", "/v1/validations", validation()),
+        ("DELETE", f"/v1/validations/{_validation_id(c)}", None),
+        ("DELETE", f"/v1/solutions/{_stored_key(c)}", None),
+    ]
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["post_validation", "delete_validation", "delete_solution"])
@@ -101,11 +104,18 @@ def test_without_configured_keys_writes_are_refused(tmp_path):
 
 # -- reads: open by default, keyed with SIGPROP_KEYS_FOR_READS ----------------------------------------
 
+
 def _reads(c) -> list[tuple[str, str, dict | None]]:
     key, vid = _stored_key(c), _validation_id(c)
-    return [("POST", "/v1/solve", mlp(depth=2, eta=0.3)), ("GET", "/v1/solutions", None), ("GET", f"/v1/solutions/{key}", None),
-            ("GET", "/v1/templates", None), ("GET", "/v1/templates/mlp?depth=2", None),
-            ("GET", "/v1/validations", None), ("GET", f"/v1/validations/{vid}", None)]
+    return [
+        ("POST", "/v1/solve", mlp(depth=2, eta=0.3)),
+        ("GET", "/v1/solutions", None),
+        ("GET", f"/v1/solutions/{key}", None),
+        ("GET", "/v1/templates", None),
+        ("GET", "/v1/templates/mlp?depth=2", None),
+        ("GET", "/v1/validations", None),
+        ("GET", f"/v1/validations/{vid}", None),
+    ]
 
 
 def test_reads_are_open_by_default(open_reads):
@@ -163,13 +173,19 @@ def test_keys_for_reads_without_keys_refuses_to_start(tmp_path):
     with pytest.raises(ValidationError, match="SIGPROP_API_KEYS"):
         Settings(data_dir=tmp_path, keys_for_reads=True, api_keys=" , ")
     env = service_env({"SIGPROP_KEYS_FOR_READS": "true", "SIGPROP_API_KEYS": "", "SIGPROP_DATA_DIR": str(tmp_path)})
-    proc = subprocess.run([sys.executable, "-m", "sigprop.cli", "serve", "--port", "1"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sigprop.cli", "serve", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "SIGPROP_KEYS_FOR_READS" in proc.stderr and "SIGPROP_API_KEYS" in proc.stderr
 
 
 # -- browsers: HTTP Basic and the dashboard's challenge -------------------------------------------------
+
 
 def _browser_app(checker: KeyChecker) -> TestClient:
     """The checker guarding a /dashboard page and an API path, as the app wires it."""
@@ -204,8 +220,11 @@ def test_dashboard_401_asks_the_browser_for_basic_credentials():
 
 
 def test_dashboard_of_the_app_is_keyed_when_reads_are(keyed_reads):
-    pages = [path for path, methods in _all_routes(keyed_reads.app.routes)
-             if path.startswith("/dashboard") and "{" not in path and "GET" in methods]
+    pages = [
+        path
+        for path, methods in _all_routes(keyed_reads.app.routes)
+        if path.startswith("/dashboard") and "{" not in path and "GET" in methods
+    ]
     if not pages:
         pytest.skip("this checkout has no /dashboard routes yet")
     for page in ["/dashboard" if "/dashboard" in pages else pages[0], "/"]:
@@ -236,9 +255,17 @@ def test_keys_are_kept_and_counted_only_as_digests():
 
 # -- a real server ------------------------------------------------------------------------------------
 
+
 def test_real_server_with_keys_for_reads(tmp_path):
-    svc = start_service(tmp_path, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-                                   "SIGPROP_API_KEYS": KEYS, "SIGPROP_KEYS_FOR_READS": "true"})
+    svc = start_service(
+        tmp_path,
+        {
+            "SIGPROP_REDIS_URL": None,
+            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+            "SIGPROP_API_KEYS": KEYS,
+            "SIGPROP_KEYS_FOR_READS": "true",
+        },
+    )
     try:
         anon = svc.client()
         for path in ("/healthz", "/readyz", "/metrics"):

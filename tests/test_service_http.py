@@ -1,4 +1,4 @@
-"""End-to-end tests of the HTTP service (contract sections 2-3, issue "The service").
+"""End-to-end tests of the HTTP service (contract sections 2-3).
 
 The real app runs under uvicorn (`python -m sigprop.cli serve`, the console script's module) on a
 loopback port and is spoken to over real HTTP with httpx. The main tests run once per cache backend:
@@ -19,11 +19,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .service_fixtures import (SHARED_REDIS_URL, assert_error, flush_shared_redis, metric_value, requests_by_pid,
-                               start_service, strip_cached)
+from .service_fixtures import (
+    SHARED_REDIS_URL,
+    assert_error,
+    flush_shared_redis,
+    metric_value,
+    requests_by_pid,
+    start_service,
+    strip_cached,
+)
 
-API_KEYS = "test-key-one,test-key-two"
-GOOD_KEY = "test-key-two"
+API_KEYS = "test-key-one-0123456789,test-key-two-0123456789"
+GOOD_KEY = "test-key-two-0123456789"
 BACKENDS = ["sqlite", "redis"]
 
 
@@ -57,22 +64,38 @@ def client(service):
 def limits_service(tmp_path_factory):
     """A dedicated server with tiny limits: 10 nodes, 1000-byte bodies (the smallest allowed)."""
     tmp = tmp_path_factory.mktemp("svc-limits")
-    svc = start_service(tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"),
-                              "SIGPROP_MAX_NODES": "10", "SIGPROP_MAX_BODY_BYTES": "1000"})
+    svc = start_service(
+        tmp,
+        {
+            "SIGPROP_REDIS_URL": None,
+            "SIGPROP_DATA_DIR": str(tmp / "data"),
+            "SIGPROP_MAX_NODES": "10",
+            "SIGPROP_MAX_BODY_BYTES": "1000",
+        },
+    )
     yield svc
     svc.stop()
 
 
 # -- requests -----------------------------------------------------------------------------------
 
+
 def mlp(depth: int, width: int = 16, method: str = "tat", activation: str = "leaky_relu", targets=None) -> dict:
-    return {"graph": {"template": "mlp", "depth": depth, "width": width}, "method": method,
-            "activation": activation, "targets": {"eta": 0.5} if targets is None else targets}
+    return {
+        "graph": {"template": "mlp", "depth": depth, "width": width},
+        "method": method,
+        "activation": activation,
+        "targets": {"eta": 0.5} if targets is None else targets,
+    }
 
 
 def graph_request(nodes: list[dict], targets=None) -> dict:
-    return {"graph": {"schema": "sigprop.graph/v1", "nodes": nodes}, "method": "tat", "activation": "leaky_relu",
-            "targets": {"eta": 0.3} if targets is None else targets}
+    return {
+        "graph": {"schema": "sigprop.graph/v1", "nodes": nodes},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": 0.3} if targets is None else targets,
+    }
 
 
 # A small residual network with distinctive ids ...
@@ -89,9 +112,18 @@ RESIDUAL = [
     {"id": "alpha_out", "op": "output", "inputs": ["alpha_head"]},
 ]
 # ... and the same network, nodes in another order and every id renamed.
-RENAME = {"alpha_in": "q7_source", "alpha_fc1": "q7_m", "alpha_act1": "q7_b", "alpha_fc2": "q7_zz",
-          "alpha_act2": "q7_k", "alpha_fc3": "q7_a", "alpha_add": "q7_join", "alpha_act3": "q7_x",
-          "alpha_head": "q7_cls", "alpha_out": "q7_sink"}
+RENAME = {
+    "alpha_in": "q7_source",
+    "alpha_fc1": "q7_m",
+    "alpha_act1": "q7_b",
+    "alpha_fc2": "q7_zz",
+    "alpha_act2": "q7_k",
+    "alpha_fc3": "q7_a",
+    "alpha_add": "q7_join",
+    "alpha_act3": "q7_x",
+    "alpha_head": "q7_cls",
+    "alpha_out": "q7_sink",
+}
 
 
 def renamed(nodes: list[dict]) -> list[dict]:
@@ -113,8 +145,9 @@ def cli_solve(tmp_path: Path, req: dict, name: str = "request.json") -> subproce
     """`sigprop solve FILE` in a subprocess (started now, read with .communicate())."""
     path = tmp_path / name
     path.write_text(json.dumps(req))
-    return subprocess.Popen([sys.executable, "-m", "sigprop.cli", "solve", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sigprop.cli", "solve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def cli_output(proc: subprocess.Popen) -> str:
@@ -129,6 +162,7 @@ def cli_output(proc: subprocess.Popen) -> str:
 
 
 # -- health, readiness, templates ---------------------------------------------------------------
+
 
 def test_healthz_readyz(service, client):
     r = client.get("/healthz")
@@ -159,6 +193,7 @@ def test_templates(client):
 
 
 # -- solve, cache, CLI --------------------------------------------------------------------------
+
 
 def test_solve_twice_is_cached_and_matches_cli(client, tmp_path):
     req = mlp(4, width=32, targets={"eta": 0.45})
@@ -270,7 +305,7 @@ def test_key_ignores_node_order_and_ids(client, tmp_path):
     # ... but named with the second request's own ids
     assert [l["id"] for l in b["layers"]] == [RENAME[l["id"]] for l in a["layers"]]
     assert "alpha_" not in rb.text
-    for la, lb in zip(a["layers"], b["layers"]):
+    for la, lb in zip(a["layers"], b["layers"], strict=False):
         assert {**la, "id": None} == {**lb, "id": None}
     # and byte for byte what the CLI answers for the renamed request
     assert strip_cached(cli_output(cli_b).rstrip("\n")) == strip_cached(rb.text)
@@ -299,11 +334,15 @@ def test_delete_needs_a_valid_key(client):
 
 # -- errors -------------------------------------------------------------------------------------
 
+
 def _chain(*extra: dict, shape=(8,)) -> list[dict]:
-    return [{"id": "x", "op": "input", "shape": list(shape)},
-            {"id": "d", "op": "dense", "inputs": ["x"], "units": 8},
-            {"id": "a", "op": "activation", "inputs": ["d"]},
-            {"id": "o", "op": "output", "inputs": ["a"]}, *extra]
+    return [
+        {"id": "x", "op": "input", "shape": list(shape)},
+        {"id": "d", "op": "dense", "inputs": ["x"], "units": 8},
+        {"id": "a", "op": "activation", "inputs": ["d"]},
+        {"id": "o", "op": "output", "inputs": ["a"]},
+        *extra,
+    ]
 
 
 def _cycle():
@@ -328,21 +367,53 @@ def _nan_target() -> bytes:
 ERROR_CASES = [
     ("cycle", "POST", "/v1/solve", _cycle(), 422, "invalid_graph"),
     ("dangling_input", "POST", "/v1/solve", _dangling(), 422, "invalid_graph"),
-    ("two_outputs", "POST", "/v1/solve", graph_request(_chain({"id": "o2", "op": "output", "inputs": ["a"]})),
-     422, "invalid_graph"),
+    (
+        "two_outputs",
+        "POST",
+        "/v1/solve",
+        graph_request(_chain({"id": "o2", "op": "output", "inputs": ["a"]})),
+        422,
+        "invalid_graph",
+    ),
     ("bad_shape_zero", "POST", "/v1/solve", graph_request(_chain(shape=(0,))), 422, "invalid_graph"),
     ("bad_shape_4d", "POST", "/v1/solve", graph_request(_chain(shape=(1, 2, 3, 4))), 422, "invalid_graph"),
     ("bad_shape_dense_on_map", "POST", "/v1/solve", graph_request(_chain(shape=(3, 8, 8))), 422, "invalid_graph"),
-    ("duplicate_id", "POST", "/v1/solve", graph_request(_chain({"id": "d", "op": "identity", "inputs": ["x"]})),
-     422, "invalid_graph"),
-    ("unsupported_op", "POST", "/v1/solve",
-     graph_request([{**nd, "op": "lstm"} if nd["id"] == "d" else nd for nd in _chain()]), 422, "unsupported_op"),
+    (
+        "duplicate_id",
+        "POST",
+        "/v1/solve",
+        graph_request(_chain({"id": "d", "op": "identity", "inputs": ["x"]})),
+        422,
+        "invalid_graph",
+    ),
+    (
+        "unsupported_op",
+        "POST",
+        "/v1/solve",
+        graph_request([{**nd, "op": "lstm"} if nd["id"] == "d" else nd for nd in _chain()]),
+        422,
+        "unsupported_op",
+    ),
     ("unsupported_activation", "POST", "/v1/solve", mlp(3, activation="no_such_fn"), 422, "unsupported_activation"),
     ("nan_target", "POST", "/v1/solve", _nan_target(), 422, "invalid_target"),
-    ("infinite_target", "POST", "/v1/solve", b'{"graph": {"template": "mlp", "depth": 3}, "method": "tat", '
-     b'"activation": "leaky_relu", "targets": {"eta": Infinity}}', 422, "invalid_target"),
-    ("overflowing_target", "POST", "/v1/solve", b'{"graph": {"template": "mlp", "depth": 3}, "method": "tat", '
-     b'"activation": "leaky_relu", "targets": {"eta": 1e999}}', 422, "invalid_target"),
+    (
+        "infinite_target",
+        "POST",
+        "/v1/solve",
+        b'{"graph": {"template": "mlp", "depth": 3}, "method": "tat", '
+        b'"activation": "leaky_relu", "targets": {"eta": Infinity}}',
+        422,
+        "invalid_target",
+    ),
+    (
+        "overflowing_target",
+        "POST",
+        "/v1/solve",
+        b'{"graph": {"template": "mlp", "depth": 3}, "method": "tat", '
+        b'"activation": "leaky_relu", "targets": {"eta": 1e999}}',
+        422,
+        "invalid_target",
+    ),
     ("target_out_of_range", "POST", "/v1/solve", mlp(3, targets={"eta": -0.5}), 422, "invalid_target"),
     ("target_of_another_method", "POST", "/v1/solve", mlp(3, targets={"eta": 0.5, "zeta": 1.5}), 422, "invalid_target"),
     ("unreachable_target", "POST", "/v1/solve", mlp(10, width=64, targets={"eta": 0.9}), 422, "unreachable_target"),
@@ -362,8 +433,7 @@ ERROR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("method,path,body,status,code", [c[1:] for c in ERROR_CASES],
-                         ids=[c[0] for c in ERROR_CASES])
+@pytest.mark.parametrize("method,path,body,status,code", [c[1:] for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES])
 def test_error_codes(client, method, path, body, status, code):
     if isinstance(body, bytes):
         r = client.request(method, path, content=body, headers={"content-type": "application/json"})
@@ -385,19 +455,23 @@ def test_graph_too_large(limits_service):
     assert_error(post_solve(c, mlp(10)), 413, "graph_too_large")
     # a hand-written graph: 11 nodes, the body still under 1000 bytes
     nodes = [{"id": "i", "op": "input", "shape": [4]}]
-    nodes += [{"id": f"n{k}", "op": "identity", "inputs": [nodes[-1]["id"] if k == 0 else f"n{k - 1}"]} for k in range(9)]
+    nodes += [
+        {"id": f"n{k}", "op": "identity", "inputs": [nodes[-1]["id"] if k == 0 else f"n{k - 1}"]} for k in range(9)
+    ]
     nodes.append({"id": "o", "op": "output", "inputs": ["n8"]})
     body = json.dumps(graph_request(nodes), separators=(",", ":")).encode()
     assert len(body) < 1000
-    assert_error(c.post("/v1/solve", content=body, headers={"content-type": "application/json"}),
-                 413, "graph_too_large")
+    assert_error(
+        c.post("/v1/solve", content=body, headers={"content-type": "application/json"}), 413, "graph_too_large"
+    )
 
 
 def test_payload_too_large(limits_service):
     c = limits_service.client()
     big = json.dumps({**mlp(3), "padding": "x" * 2000}).encode()
-    assert_error(c.post("/v1/solve", content=big, headers={"content-type": "application/json"}),
-                 413, "payload_too_large")
+    assert_error(
+        c.post("/v1/solve", content=big, headers={"content-type": "application/json"}), 413, "payload_too_large"
+    )
 
     def chunks():  # no Content-Length: chunked transfer encoding, the limit must hold while reading
         for _ in range(10):
@@ -413,6 +487,7 @@ def test_payload_too_large(limits_service):
 
 # -- request ids and metrics --------------------------------------------------------------------
 
+
 def test_request_id_echoed_or_generated(client):
     r = client.get("/healthz", headers={"X-Request-ID": "trace-abc.123_x"})
     assert r.headers["x-request-id"] == "trace-abc.123_x"
@@ -423,7 +498,7 @@ def test_request_id_echoed_or_generated(client):
     assert len(generated) == 3
     assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in generated)
     # an id that is not safe to log is replaced, not echoed
-    r = client.get("/healthz", headers={"X-Request-ID": "bad id\"with{junk}"})
+    r = client.get("/healthz", headers={"X-Request-ID": 'bad id"with{junk}'})
     assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
 
 
@@ -437,8 +512,9 @@ def test_metrics_after_a_hit(client):
     assert "sigprop_requests_total" in text
     assert (metric_value(text, "sigprop_cache_total", {"result": "hit"}) or 0) >= 1
     assert (metric_value(text, "sigprop_cache_total", {"result": "miss"}) or 0) >= 1
-    assert (metric_value(text, "sigprop_requests_total",
-                         {"route": "/v1/solve", "method": "POST", "status": "200"}) or 0) >= 2
+    assert (
+        metric_value(text, "sigprop_requests_total", {"route": "/v1/solve", "method": "POST", "status": "200"}) or 0
+    ) >= 2
     assert (metric_value(text, "sigprop_solve_seconds_count", {"method": "tat"}) or 0) >= 1
 
 
@@ -446,8 +522,12 @@ def test_metrics_after_a_hit(client):
 
 N_PARALLEL = 8
 # ~0.25 s of engine time, so the eight requests overlap the one solve
-SLOW_REQUEST = {"graph": {"template": "mlp", "depth": 1000, "width": 64}, "method": "dks", "activation": "tanh",
-                "targets": {"zeta": 1.5}}
+SLOW_REQUEST = {
+    "graph": {"template": "mlp", "depth": 1000, "width": 64},
+    "method": "dks",
+    "activation": "tanh",
+    "targets": {"zeta": 1.5},
+}
 
 
 @pytest.fixture(params=BACKENDS)
@@ -491,7 +571,7 @@ def test_parallel_cold_requests_are_solved_once(two_worker_service):
         try:
             barrier.wait(timeout=10)
             results[i] = clients[i].post("/v1/solve", json=SLOW_REQUEST)
-        except Exception as exc:  # reported below
+        except Exception as exc:  # noqa: BLE001 - reported below
             results[i] = exc
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(N_PARALLEL)]
@@ -528,9 +608,10 @@ def test_parallel_cold_requests_are_solved_once(two_worker_service):
 
 # -- single-flight races, reproduced deterministically in-process ----------------------------------
 
+
 def _two_caches(backend: str, tmp_path: Path):
     """Two cache clients on one store, as two worker processes have."""
-    from sigprop.cache import RedisSolutionCache, SqliteSolutionCache
+    from sigprop.storage import RedisSolutionCache, SqliteSolutionCache
 
     if backend == "redis":
         flush_shared_redis()
@@ -569,7 +650,7 @@ def test_single_flight_rechecks_cache_after_lock(backend, tmp_path, monkeypatch)
 
 
 def test_sqlite_lookup_that_finds_an_entry_counts_its_hit(tmp_path, monkeypatch):
-    from sigprop.cache import new_record
+    from sigprop.storage import new_record
 
     reader, writer = _two_caches("sqlite", tmp_path)
     record = new_record("k" * 64, "{}", "{}", [], "tat", "leaky_relu")

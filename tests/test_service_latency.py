@@ -25,13 +25,25 @@ def test_keep_alive_requests_with_two_workers_are_not_delayed(tmp_path):
 
 
 def test_a_solve_past_the_timeout_answers_503_and_the_server_keeps_serving(tmp_path):
-    # depth 20000 is past the default SIGPROP_MAX_DEPTH (10000): raised here, this test wants a slow solve
-    svc = start_service(tmp_path, {"SIGPROP_DATA_DIR": str(tmp_path / "data"), "SIGPROP_SOLVE_TIMEOUT_S": "0.05",
-                                   "SIGPROP_MAX_DEPTH": "20000"})
+    # depth 20000 is past the default SIGPROP_MAX_DEPTH (10000) and its 80,000 nodes + edges past the
+    # default SIGPROP_MAX_SOLVE_COST (50000): both raised here, this test wants a slow solve
+    svc = start_service(
+        tmp_path,
+        {
+            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+            "SIGPROP_SOLVE_TIMEOUT_S": "0.05",
+            "SIGPROP_MAX_DEPTH": "20000",
+            "SIGPROP_MAX_SOLVE_COST": "200000",
+        },
+    )
     try:
         with svc.client(timeout=30) as client:
-            slow = {"graph": {"template": "mlp", "depth": 20000, "width": 8}, "method": "tat",
-                    "activation": "softplus", "targets": {"tau": 0.3}}
+            slow = {
+                "graph": {"template": "mlp", "depth": 20000, "width": 8},
+                "method": "tat",
+                "activation": "softplus",
+                "targets": {"tau": 0.3},
+            }
             r = client.post("/v1/solve", json=slow)
             assert r.status_code == 503
             err = r.json()["error"]

@@ -15,11 +15,15 @@ import pytest
 
 from .service_fixtures import assert_error, metric_value, start_redis, start_service, strip_cached
 
-REQ_A = {"graph": {"template": "mlp", "depth": 5, "width": 32}, "method": "tat", "activation": "leaky_relu",
-         "targets": {"eta": 0.4}}
+REQ_A = {
+    "graph": {"template": "mlp", "depth": 5, "width": 32},
+    "method": "tat",
+    "activation": "leaky_relu",
+    "targets": {"eta": 0.4},
+}
 REQ_B = {**REQ_A, "targets": {"eta": 0.41}}
 REQ_C = {**REQ_A, "targets": {"eta": 0.42}}
-DEGRADED_LATENCY_S = 5.0   # an outage must not hang requests (SIGPROP_REDIS_TIMEOUT_S is 0.5 s)
+DEGRADED_LATENCY_S = 5.0  # an outage must not hang requests (SIGPROP_REDIS_TIMEOUT_S is 0.5 s)
 RECOVERY_S = 10.0
 
 
@@ -36,9 +40,14 @@ def redis_server(tmp_path):
 
 @pytest.fixture
 def service(tmp_path, redis_server):
-    svc = start_service(tmp_path / "svc", {"SIGPROP_REDIS_URL": redis_server.url,
-                                           "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-                                           "SIGPROP_REDIS_TIMEOUT_S": "0.5"})
+    svc = start_service(
+        tmp_path / "svc",
+        {
+            "SIGPROP_REDIS_URL": redis_server.url,
+            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
+            "SIGPROP_REDIS_TIMEOUT_S": "0.5",
+        },
+    )
     yield svc
     svc.stop()
 

@@ -47,8 +47,10 @@ def pdf(z):
 
 
 def E(f):
-    return sum(integrate.quad(lambda z: f(z) * pdf(z), a, b, epsabs=1e-14, epsrel=1e-13, limit=400)[0]
-               for a, b in ((-np.inf, 0.0), (0.0, np.inf)))
+    return sum(
+        integrate.quad(lambda z: f(z) * pdf(z), a, b, epsabs=1e-14, epsrel=1e-13, limit=400)[0]
+        for a, b in ((-np.inf, 0.0), (0.0, np.inf))
+    )
 
 
 def relu_like_c(c, a):
@@ -72,8 +74,13 @@ def local_moments(name, ans):
     ph1 = lambda z: g * a * d1(a * z + b)  # noqa: E731
     ph2 = lambda z: g * a * a * d2(a * z + b)  # noqa: E731
     q1 = E(lambda z: ph(z) ** 2)
-    return dict(q_1=q1, q_slope_1=E(lambda z: ph(z) * ph1(z) * z), c_slope_1=E(lambda z: ph1(z) ** 2) / q1,
-                c_curv_1=E(lambda z: ph2(z) ** 2) / q1, mean=E(ph))
+    return dict(
+        q_1=q1,
+        q_slope_1=E(lambda z: ph(z) * ph1(z) * z),
+        c_slope_1=E(lambda z: ph1(z) ** 2) / q1,
+        c_curv_1=E(lambda z: ph2(z) ** 2) / q1,
+        mean=E(ph),
+    )
 
 
 # ------------------------------------------------------------------ methods and achieved values
@@ -164,7 +171,7 @@ def test_eoc(name, q_star):
         assert len(warn) == 1
         bound = float(re.search(r"accurate to about ([0-9.e-]+)", warn[0]).group(1))
         cs = ans["c_map"]["c"]
-        err = max(abs(v - relu_like_c(c, 0.0)) for c, v in zip(cs, ans["c_map"]["local"]))
+        err = max(abs(v - relu_like_c(c, 0.0)) for c, v in zip(cs, ans["c_map"]["local"], strict=False))
         assert 0 < err <= bound < 1e-3
         return
     assert ans["warnings"] == []
@@ -206,24 +213,42 @@ def test_unreachable_eta_hint_gives_the_largest_reachable_eta():
     assert abs(ok.c_f_0 - hinted) < 1e-12 and 0 <= ok.negative_slope < 1e-3
 
 
-@pytest.mark.parametrize("method,targets", [("tat", {"tau": 0.3}), ("tat", {"eta": 0.5}), ("dks", {"zeta": 1.5})])
-def test_relu_with_tat_or_dks_is_unsupported_activation(method, targets):
+@pytest.mark.parametrize("method,targets", [("tat", {"tau": 0.3}), ("tat", {"eta": 0.5})])
+def test_relu_with_tat_is_unsupported_activation(method, targets):
     with pytest.raises(SigpropError) as info:
         run_solve(req(mlp(10), method, "relu", targets))
     assert info.value.code == "unsupported_activation"
     assert "leaky_relu" in info.value.hint and "relu" in info.value.message
 
 
-@pytest.mark.parametrize("method,act,targets,code", [
-    ("tat", "leaky_relu", {}, "invalid_target"),
-    ("tat", "leaky_relu", {"eta": 0.5, "tau": 0.3}, "invalid_target"),
-    ("tat", "softplus", {"eta": 0.5}, "invalid_target"),
-    ("tat", "leaky_relu", {"eta": 1.0}, "invalid_target"),
-    ("dks", "softplus", {"zeta": 0.9}, "invalid_target"),
-    ("eoc", "tanh", {"eta": 0.5}, "invalid_target"),
-    ("eoc", "tanh", {"q_star": -1.0}, "invalid_target"),
-    ("tat", "nonsense", {"tau": 0.3}, "unsupported_activation"),
-])
+@pytest.mark.parametrize("act", ["relu", "leaky_relu"])
+def test_dks_solves_rectifiers(act):
+    # DKS's conditions need no C''(1): dks solves both (tests/test_reference_dks_parity.py compares)
+    sol = run_solve(req(mlp(10), "dks", act, {"zeta": 1.5}))
+    assert abs(sol.c_slope_1 - 1.5) < 1e-9 and abs(sol.local_c_0) < 1e-12 and abs(sol.q_1 - 1) < 1e-12
+    assert (sol.negative_slope is not None) == (act == "leaky_relu")
+
+
+def test_dks_names_what_it_supports():
+    with pytest.raises(SigpropError) as info:
+        run_solve(req(mlp(10), "dks", "soft_threshold", {"zeta": 1.5}))
+    assert info.value.code == "unsupported_activation"
+    assert "smooth" in info.value.message and "relu" in info.value.message and "C''" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    "method,act,targets,code",
+    [
+        ("tat", "leaky_relu", {}, "invalid_target"),
+        ("tat", "leaky_relu", {"eta": 0.5, "tau": 0.3}, "invalid_target"),
+        ("tat", "softplus", {"eta": 0.5}, "invalid_target"),
+        ("tat", "leaky_relu", {"eta": 1.0}, "invalid_target"),
+        ("dks", "softplus", {"zeta": 0.9}, "invalid_target"),
+        ("eoc", "tanh", {"eta": 0.5}, "invalid_target"),
+        ("eoc", "tanh", {"q_star": -1.0}, "invalid_target"),
+        ("tat", "nonsense", {"tau": 0.3}, "unsupported_activation"),
+    ],
+)
 def test_target_errors(method, act, targets, code):
     with pytest.raises(SigpropError) as info:
         run_solve(req(mlp(20), method, act, targets))
@@ -234,20 +259,22 @@ def test_target_errors(method, act, targets, code):
 
 
 def test_layers_dense_fan_in_out_and_suo_gain():
-    nodes = [{"id": "x", "op": "input", "shape": [20]},
-             {"id": "fc1", "op": "dense", "inputs": ["x"], "units": 50},
-             {"id": "a1", "op": "activation", "inputs": ["fc1"]},
-             {"id": "fc2", "op": "dense", "inputs": ["a1"], "units": 30, "bias": False},
-             {"id": "a2", "op": "activation", "inputs": ["fc2"]},
-             {"id": "fc3", "op": "dense", "inputs": ["a2"], "units": 45},
-             {"id": "a3", "op": "activation", "inputs": ["fc3"]},
-             {"id": "head", "op": "dense", "inputs": ["a3"], "units": 10},
-             {"id": "y", "op": "output", "inputs": ["head"]}]
+    nodes = [
+        {"id": "x", "op": "input", "shape": [20]},
+        {"id": "fc1", "op": "dense", "inputs": ["x"], "units": 50},
+        {"id": "a1", "op": "activation", "inputs": ["fc1"]},
+        {"id": "fc2", "op": "dense", "inputs": ["a1"], "units": 30, "bias": False},
+        {"id": "a2", "op": "activation", "inputs": ["fc2"]},
+        {"id": "fc3", "op": "dense", "inputs": ["a2"], "units": 45},
+        {"id": "a3", "op": "activation", "inputs": ["fc3"]},
+        {"id": "head", "op": "dense", "inputs": ["a3"], "units": 10},
+        {"id": "y", "op": "output", "inputs": ["head"]},
+    ]
     g = {"schema": SCHEMA, "nodes": nodes}
     ans = json.loads(run_solve(req(g, "tat", "leaky_relu", {"eta": 0.3})).to_json())
     want = [("fc1", 20, 50), ("fc2", 50, 30), ("fc3", 30, 45), ("head", 45, 10)]
     assert [(x["id"], x["fan_in"], x["fan_out"]) for x in ans["layers"]] == want
-    for x, (_, fi, fo) in zip(ans["layers"], want):
+    for x, (_, fi, fo) in zip(ans["layers"], want, strict=False):
         assert x["op"] == "dense" and x["distribution"] == "scaled_uniform_orthogonal"
         assert x["gain"] == pytest.approx(max(math.sqrt(fo / fi), 1.0), rel=1e-15)
         assert x["weight_variance"] == pytest.approx(1 / fi, rel=1e-15)
@@ -257,32 +284,34 @@ def test_layers_dense_fan_in_out_and_suo_gain():
     assert node_ids == sorted(node_ids) and len(set(node_ids)) == 4
 
     gauss = json.loads(run_solve(req(g, "tat", "leaky_relu", {"eta": 0.3}, init="gaussian")).to_json())
-    for x, (_, fi, fo) in zip(gauss["layers"], want):
+    for x, (_, fi, fo) in zip(gauss["layers"], want, strict=False):
         assert x["distribution"] == "gaussian" and (x["fan_in"], x["fan_out"]) == (fi, fo)
         assert x["gain"] == pytest.approx(math.sqrt(1 / fi), rel=1e-15)
         assert x["weight_variance"] == pytest.approx(1 / fi, rel=1e-15)
 
 
 def test_layers_conv_orthogonal_delta():
-    nodes = [{"id": "img", "op": "input", "shape": [3, 16, 16]},
-             {"id": "c1", "op": "conv", "inputs": ["img"], "channels": 16, "kernel": 3},
-             {"id": "r1", "op": "activation", "inputs": ["c1"]},
-             {"id": "c2", "op": "conv", "inputs": ["r1"], "channels": 8, "kernel": [5, 3], "stride": 2},
-             {"id": "r2", "op": "activation", "inputs": ["c2"]},
-             {"id": "c3", "op": "conv", "inputs": ["r2"], "channels": 24, "kernel": 1},
-             {"id": "gap", "op": "global_avg_pool", "inputs": ["c3"]},
-             {"id": "fc", "op": "dense", "inputs": ["gap"], "units": 10},
-             {"id": "y", "op": "output", "inputs": ["fc"]}]
+    nodes = [
+        {"id": "img", "op": "input", "shape": [3, 16, 16]},
+        {"id": "c1", "op": "conv", "inputs": ["img"], "channels": 16, "kernel": 3},
+        {"id": "r1", "op": "activation", "inputs": ["c1"]},
+        {"id": "c2", "op": "conv", "inputs": ["r1"], "channels": 8, "kernel": [5, 3], "stride": 2},
+        {"id": "r2", "op": "activation", "inputs": ["c2"]},
+        {"id": "c3", "op": "conv", "inputs": ["r2"], "channels": 24, "kernel": 1},
+        {"id": "gap", "op": "global_avg_pool", "inputs": ["c3"]},
+        {"id": "fc", "op": "dense", "inputs": ["gap"], "units": 10},
+        {"id": "y", "op": "output", "inputs": ["fc"]},
+    ]
     g = {"schema": SCHEMA, "nodes": nodes}
     ans = json.loads(run_solve(req(g, "tat", "leaky_relu", {"eta": 0.3})).to_json())
     want = [("c1", 3, 16, [3, 3]), ("c2", 16, 8, [5, 3]), ("c3", 8, 24, [1, 1]), ("fc", 24, 10, None)]
     assert [(x["id"], x["fan_in"], x["fan_out"], x.get("kernel")) for x in ans["layers"]] == want
-    for x, (_, fi, fo, k) in zip(ans["layers"], want):
+    for x, (_, fi, fo, k) in zip(ans["layers"], want, strict=False):
         assert x["op"] == ("conv" if k else "dense")
         assert x["distribution"] == ("orthogonal_delta" if k else "scaled_uniform_orthogonal")
         assert x["gain"] == pytest.approx(max(math.sqrt(fo / fi), 1.0), rel=1e-15)
     gauss = json.loads(run_solve(req(g, "tat", "leaky_relu", {"eta": 0.3}, init="gaussian")).to_json())
-    for x, (_, fi, fo, k) in zip(gauss["layers"], want):
+    for x, (_, fi, fo, k) in zip(gauss["layers"], want, strict=False):
         taps = k[0] * k[1] if k else 1
         assert x["distribution"] == "gaussian" and x["fan_in"] == fi * taps and x["fan_out"] == fo
         assert x["gain"] == pytest.approx(math.sqrt(1 / (fi * taps)), rel=1e-15)
@@ -291,8 +320,15 @@ def test_layers_conv_orthogonal_delta():
 # ------------------------------------------------------------------ determinism
 
 
-@pytest.mark.parametrize("data", [req(mlp(20), "eoc", "tanh"), req(mlp(20), "tat", "softplus", {"tau": 0.3}),
-                                  req(mlp(20), "dks", "tanh", {"zeta": 1.5})], ids=["eoc", "tat", "dks"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        req(mlp(20), "eoc", "tanh"),
+        req(mlp(20), "tat", "softplus", {"tau": 0.3}),
+        req(mlp(20), "dks", "tanh", {"zeta": 1.5}),
+    ],
+    ids=["eoc", "tat", "dks"],
+)
 def test_same_request_gives_byte_identical_answers(data):
     """Nothing in a solve may depend on numpy's global RNG."""
     np.random.seed(1)
@@ -318,9 +354,18 @@ CLI_CASES = {
     "tat-smooth": req(mlp(20), "tat", "softplus", {"tau": 0.3}),
     "dks": req(mlp(20), "dks", "tanh", {"zeta": 1.5}),
     "eoc": req(mlp(20), "eoc", "tanh"),
-    "bad-op": req({"schema": SCHEMA, "nodes": [{"id": "x", "op": "input", "shape": [4]},
-                                                {"id": "z", "op": "warp", "inputs": ["x"]},
-                                                {"id": "o", "op": "output", "inputs": ["z"]}]}, "eoc", "tanh"),
+    "bad-op": req(
+        {
+            "schema": SCHEMA,
+            "nodes": [
+                {"id": "x", "op": "input", "shape": [4]},
+                {"id": "z", "op": "warp", "inputs": ["x"]},
+                {"id": "o", "op": "output", "inputs": ["z"]},
+            ],
+        },
+        "eoc",
+        "tanh",
+    ),
     "unreachable": req(mlp(10), "tat", "leaky_relu", {"eta": 0.9}),
 }
 
@@ -334,10 +379,17 @@ def cli_runs(tmp_path_factory):
     for name, data in CLI_CASES.items():
         path = d / f"{name}.json"
         path.write_text(json.dumps(data))
-        procs[name] = subprocess.Popen([str(SIGPROP), "solve", str(path)], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env=env)
-    stdin_proc = subprocess.Popen([str(SIGPROP), "solve", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)
+        procs[name] = subprocess.Popen(
+            [str(SIGPROP), "solve", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+    stdin_proc = subprocess.Popen(
+        [str(SIGPROP), "solve", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     out, err = stdin_proc.communicate(json.dumps(CLI_CASES["tat-lrelu"]), timeout=120)
     runs = {"stdin": (stdin_proc.returncode, out, err)}
     for name, p in procs.items():
@@ -377,10 +429,74 @@ def test_cli_rejected_request_prints_the_error_on_stderr(cli_runs, name, code):
 
 
 def test_cli_unreadable_file(tmp_path):
-    p = subprocess.run([str(SIGPROP), "solve", str(tmp_path / "missing.json")], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [str(SIGPROP), "solve", str(tmp_path / "missing.json")], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 2 and p.stdout == ""
     assert json.loads(p.stderr)["error"]["code"] == "invalid_request"
+
+
+# Run `sigprop` in a process where the `server` extra's packages (and torch, jax) cannot be
+# imported, as after a bare `pip install sigprop`.
+_WITHOUT_SERVER = """
+import json, sys
+BLOCKED = set(json.loads(sys.argv[1]))
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, Block())
+from sigprop.cli import main
+rc = main(sys.argv[2:])
+loaded = sorted(BLOCKED & {m.split(".")[0] for m in sys.modules})
+assert not loaded, loaded
+sys.exit(rc)
+"""
+_SERVER_AND_FRAMEWORKS = [
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "redis",
+    "rq",
+    "limits",
+    "jinja2",
+    "plotly",
+    "prometheus_client",
+    "torch",
+    "jax",
+    "sklearn",
+]
+
+
+def _sigprop_without_server(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_SERVER, json.dumps(_SERVER_AND_FRAMEWORKS), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_cli_solve_and_schema_need_no_server_package(tmp_path):
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(CLI_CASES["tat-lrelu"]))
+    p = _sigprop_without_server("solve", str(path))
+    assert (p.returncode, p.stderr) == (0, "")
+    assert p.stdout == run_solve(CLI_CASES["tat-lrelu"]).to_json() + "\n"
+    p = _sigprop_without_server("schema", "graph")
+    assert p.returncode == 0 and json.loads(p.stdout)["title"] == "Graph", p.stderr
+
+
+@pytest.mark.parametrize("command,extra", [("serve", "server"), ("worker", "worker")])
+def test_cli_serve_and_worker_without_the_extra_say_what_to_install(command, extra):
+    env = dict(os.environ, SIGPROP_REDIS_URL="redis://127.0.0.1:1/0")
+    p = _sigprop_without_server(command, env=env)
+    assert p.returncode == 2 and p.stdout == ""
+    assert f"pip install 'sigprop[{extra}]'" in p.stderr and "fastapi" in p.stderr, p.stderr
 
 
 # ------------------------------------------------------------------ templates vs hand-written graphs
@@ -416,8 +532,7 @@ def _unmap(text, id_map):
     return text
 
 
-@pytest.mark.parametrize("method,act,targets", [("tat", "leaky_relu", {"eta": 0.9}),
-                                                ("tat", "softplus", {"tau": 0.3})])
+@pytest.mark.parametrize("method,act,targets", [("tat", "leaky_relu", {"eta": 0.9}), ("tat", "softplus", {"tau": 0.3})])
 def test_mlp_template_equals_hand_written(method, act, targets):
     t = req({"template": "mlp", "depth": 30, "width": 24}, method, act, targets)
     h = req(hand_mlp(30, 24), method, act, targets)
@@ -440,7 +555,8 @@ def hand_resnet18_v2(w, residual_first=False, seed=11):
     x = add({"id": "stem7x7", "op": "conv", "inputs": [x], "channels": 64, "kernel": 7, "stride": 2}, "initial_conv")
     x = add({"id": "pool3x3", "op": "max_pool", "inputs": [x], "kernel": 3, "stride": 2}, "max_pool")
     rw = math.sqrt(1 - w * w)
-    for g, (ch, stride, proj) in enumerate(zip((64, 128, 256, 512), (1, 2, 2, 2), (False, True, True, True))):
+    stages = zip((64, 128, 256, 512), (1, 2, 2, 2), (False, True, True, True), strict=False)
+    for g, (ch, stride, proj) in enumerate(stages):
         for j in range(2):
             s = stride if j == 0 else 1
             shortcut = x
@@ -448,10 +564,21 @@ def hand_resnet18_v2(w, residual_first=False, seed=11):
             for i, (c, k, st) in enumerate(convs):
                 x = add({"id": f"g{g}b{j}/relu{i}", "op": "activation", "inputs": [x]})
                 if i == 0 and j == 0 and proj and w != 0.0:
-                    shortcut = add({"id": f"g{g}b{j}/proj", "op": "conv", "inputs": [x], "channels": ch, "kernel": 1,
-                                    "stride": st}, f"block_group_{g}.block_{j}.shortcut_conv")
-                x = add({"id": f"g{g}b{j}/conv{i}", "op": "conv", "inputs": [x], "channels": c, "kernel": k,
-                         "stride": st}, f"block_group_{g}.block_{j}.conv_{i}")
+                    shortcut = add(
+                        {
+                            "id": f"g{g}b{j}/proj",
+                            "op": "conv",
+                            "inputs": [x],
+                            "channels": ch,
+                            "kernel": 1,
+                            "stride": st,
+                        },
+                        f"block_group_{g}.block_{j}.shortcut_conv",
+                    )
+                x = add(
+                    {"id": f"g{g}b{j}/conv{i}", "op": "conv", "inputs": [x], "channels": c, "kernel": k, "stride": st},
+                    f"block_group_{g}.block_{j}.conv_{i}",
+                )
             if residual_first:  # sqrt(1 - w^2) * x + w * shortcut, literally as BlockV2 writes it
                 x = add({"id": f"g{g}b{j}/add", "op": "sum", "inputs": [x, shortcut], "weights": [rw, w]})
             else:
@@ -467,8 +594,9 @@ def hand_resnet18_v2(w, residual_first=False, seed=11):
 RESNET_T = {"template": "resnet", "depth": 18, "version": 2, "shortcut_weight": 0.5}
 
 
-@pytest.mark.parametrize("method,act,targets", [("tat", "leaky_relu", {"eta": 0.9}), ("tat", "softplus", {"tau": 0.3}),
-                                                ("eoc", "relu", {})])
+@pytest.mark.parametrize(
+    "method,act,targets", [("tat", "leaky_relu", {"eta": 0.9}), ("tat", "softplus", {"tau": 0.3}), ("eoc", "relu", {})]
+)
 def test_resnet_template_equals_hand_written(method, act, targets):
     graph, id_map = hand_resnet18_v2(0.5)
     t = req(RESNET_T, method, act, targets)
@@ -483,11 +611,15 @@ def test_resnet_template_equals_hand_written(method, act, targets):
 
 def test_resnet_hand_copy_differs_from_other_shortcut_weight():
     graph, _ = hand_resnet18_v2(0.6)
-    assert prepare(parse_solve_request(req(graph, "tat", "leaky_relu", {"eta": 0.9}))).key != \
-        prepare(parse_solve_request(req(RESNET_T, "tat", "leaky_relu", {"eta": 0.9}))).key
+    assert (
+        prepare(parse_solve_request(req(graph, "tat", "leaky_relu", {"eta": 0.9}))).key
+        != prepare(parse_solve_request(req(RESNET_T, "tat", "leaky_relu", {"eta": 0.9}))).key
+    )
 
 
 def test_sum_input_order_does_not_change_the_key():
     graph, _ = hand_resnet18_v2(0.5, residual_first=True)
-    assert prepare(parse_solve_request(req(graph, "tat", "leaky_relu", {"eta": 0.9}))).key == \
-        prepare(parse_solve_request(req(RESNET_T, "tat", "leaky_relu", {"eta": 0.9}))).key
+    assert (
+        prepare(parse_solve_request(req(graph, "tat", "leaky_relu", {"eta": 0.9}))).key
+        == prepare(parse_solve_request(req(RESNET_T, "tat", "leaky_relu", {"eta": 0.9}))).key
+    )

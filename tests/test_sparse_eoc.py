@@ -33,7 +33,7 @@ from sigprop.errors import SigpropError
 
 # --------------------------------------------------------------------------- the paper's tables
 #
-# Transcribed from /work/shared/papers/sparsity-inducing-activations-eoc.txt, all at q* = 1.
+# Transcribed from the sparsity paper (Price et al., arXiv:2402.16184; docs/design.md), all at q* = 1.
 # Rows: (kind, s, tau, m, V'(q*), V''(q*)); m is None for the unclipped kinds.
 #
 # Table 2 (100-layer DNNs / 50-layer CNNs). The unclipped rows print V' as "1.0" and some V'' with
@@ -106,10 +106,14 @@ TABLE_5 = [
 
 # Table 4 (30-layer unclipped DNNs) prints only s and tau.
 TABLE_4 = [
-    ("relu_tau", 0.70, 0.52), ("relu_tau", 0.80, 0.84), ("relu_tau", 0.85, 1.04),
+    ("relu_tau", 0.70, 0.52),
+    ("relu_tau", 0.80, 0.84),
+    ("relu_tau", 0.85, 1.04),
     ("relu_tau", 0.90, 1.28),
-    ("soft_threshold", 0.70, 1.04), ("soft_threshold", 0.80, 1.28),
-    ("soft_threshold", 0.85, 1.44), ("soft_threshold", 0.90, 1.64),
+    ("soft_threshold", 0.70, 1.04),
+    ("soft_threshold", 0.80, 1.28),
+    ("soft_threshold", 0.85, 1.44),
+    ("soft_threshold", 0.90, 1.64),
 ]
 
 # Exact V''(q*) for which rounding to two decimals differs from the printed entry (all within
@@ -120,8 +124,14 @@ TABLE_4 = [
 # 0.1149, 0.3950, 0.8939), so the paper presumably evaluated V'' at its rounded or grid-searched m;
 # see test_table_rows_at_printed_m. Every printed m and tau rounds exactly.
 ROUNDING_DIFFERS = {
-    ("crelu", 0.90, 0.5), ("crelu", 0.90, 0.7), ("cst", 0.80, 0.5), ("cst", 0.80, 0.7),
-    ("cst", 0.50, 0.5), ("cst", 0.50, 0.9), ("cst", 0.85, 0.5), ("cst", 0.85, 0.7),
+    ("crelu", 0.90, 0.5),
+    ("crelu", 0.90, 0.7),
+    ("cst", 0.80, 0.5),
+    ("cst", 0.80, 0.7),
+    ("cst", 0.50, 0.5),
+    ("cst", 0.50, 0.9),
+    ("cst", 0.85, 0.5),
+    ("cst", 0.85, 0.7),
     ("cst", 0.85, 0.9),
 }
 
@@ -188,8 +198,10 @@ def _quad_expect(f, kinks_z):
     """E[f(z)], z ~ N(0, 1), by scipy quad on the pieces between the kinks."""
     pts = [-np.inf] + sorted(kinks_z) + [np.inf]
     dens = lambda z: f(z) * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)  # noqa: E731
-    return sum(integrate.quad(dens, a, b, epsabs=1e-14, epsrel=1e-13, limit=200)[0]
-               for a, b in zip(pts[:-1], pts[1:]))
+    return sum(
+        integrate.quad(dens, a, b, epsabs=1e-14, epsrel=1e-13, limit=200)[0]
+        for a, b in zip(pts[:-1], pts[1:], strict=False)
+    )
 
 
 def _act(kind, tau, m):
@@ -210,8 +222,7 @@ def test_closed_forms_against_quadrature(kind, tau, m):
         assert isinstance(v, float)
         assert v == pytest.approx(SW2 * e_phi2 + SB2, rel=1e-8, abs=1e-8)
         assert chi_1(kind, q, tau, m, SW2) == pytest.approx(SW2 * e_d1sq, rel=1e-8, abs=1e-8)
-        assert variance_slope(kind, q, tau, m, SW2, SB2) == pytest.approx(SW2 * e_stein, rel=1e-8,
-                                                                          abs=1e-8)
+        assert variance_slope(kind, q, tau, m, SW2, SB2) == pytest.approx(SW2 * e_stein, rel=1e-8, abs=1e-8)
 
 
 @pytest.mark.parametrize("kind,tau,m", CASES)
@@ -244,40 +255,42 @@ def test_paper_formulas():
             assert sigma_w2_for_eoc(kind, t) == pytest.approx(1 / (1 - s), rel=1e-12)
             assert expected_sparsity(kind, t) == pytest.approx(s, abs=1e-14)
         # (58): sqrt(2 q*) erf^-1(s)
-        assert threshold_for_sparsity("cst", s, 2.3) == pytest.approx(
-            math.sqrt(2 * 2.3) * erfinv(s), rel=1e-12)
+        assert threshold_for_sparsity("cst", s, 2.3) == pytest.approx(math.sqrt(2 * 2.3) * erfinv(s), rel=1e-12)
         for m in (0.3, 1.0, 2.5):
             # (61), (62) in their erf / erf^-1 form
             e61 = 2 / (erf(m / math.sqrt(2 * q) + erfinv(2 * s - 1)) - 2 * s + 1)
             e62 = 1 / (erf(m / math.sqrt(2 * q) + erfinv(s)) - s)
-            assert sigma_w2_for_eoc("crelu", threshold_for_sparsity("crelu", s), m) == \
-                pytest.approx(e61, rel=1e-10)
-            assert sigma_w2_for_eoc("cst", threshold_for_sparsity("cst", s), m) == \
-                pytest.approx(e62, rel=1e-10)
+            assert sigma_w2_for_eoc("crelu", threshold_for_sparsity("crelu", s), m) == pytest.approx(e61, rel=1e-10)
+            assert sigma_w2_for_eoc("cst", threshold_for_sparsity("cst", s), m) == pytest.approx(e62, rel=1e-10)
     # (40), (43): V'' of ReLU_tau and ST_tau; (17), (18): chi_1 - V' for the clipped kinds
     for q in (0.3, 1.0, 4.0):
         t, m, w = 0.6, 1.1, 2.2
-        e40 = w * t / (2 * math.sqrt(2 * math.pi) * q ** 1.5) * math.exp(-t * t / (2 * q))
+        e40 = w * t / (2 * math.sqrt(2 * math.pi) * q**1.5) * math.exp(-t * t / (2 * q))
         assert variance_curvature("relu_tau", q, t, None, w) == pytest.approx(e40, rel=1e-12)
-        assert variance_curvature("soft_threshold", q, t, None, w) == pytest.approx(2 * e40,
-                                                                                   rel=1e-12)
+        assert variance_curvature("soft_threshold", q, t, None, w) == pytest.approx(2 * e40, rel=1e-12)
         gap = w * m / math.sqrt(2 * math.pi * q) * math.exp(-((m + t) ** 2) / (2 * q))
-        assert chi_1("crelu", q, t, m, w) - variance_slope("crelu", q, t, m, w) == \
-            pytest.approx(gap, rel=1e-10)
-        assert chi_1("cst", q, t, m, w) - variance_slope("cst", q, t, m, w) == \
-            pytest.approx(2 * gap, rel=1e-10)
+        assert chi_1("crelu", q, t, m, w) - variance_slope("crelu", q, t, m, w) == pytest.approx(gap, rel=1e-10)
+        assert chi_1("cst", q, t, m, w) - variance_slope("cst", q, t, m, w) == pytest.approx(2 * gap, rel=1e-10)
         # (53): V_CST = 2 V_CReLU - sigma_b^2
         assert variance_map("cst", q, t, m, w, 0.4) == pytest.approx(
-            2 * variance_map("crelu", q, t, m, w, 0.4) - 0.4, rel=1e-13)
+            2 * variance_map("crelu", q, t, m, w, 0.4) - 0.4, rel=1e-13
+        )
         # (38): V'_ReLU_tau = sigma_w^2 Phi(-tau / sqrt q) = chi_1 at q
-        assert variance_slope("relu_tau", q, t, None, w) == pytest.approx(
-            w * ndtr(-t / math.sqrt(q)), rel=1e-14)
+        assert variance_slope("relu_tau", q, t, None, w) == pytest.approx(w * ndtr(-t / math.sqrt(q)), rel=1e-14)
 
 
-@pytest.mark.parametrize("kind,s,v", [
-    ("relu_tau", 0.5, None), ("relu_tau", 0.75, None), ("soft_threshold", 0.3, None),
-    ("crelu", 0.6, 0.5), ("crelu", 0.8, 0.9), ("cst", 0.5, 0.7), ("cst", 0.85, 0.6),
-])
+@pytest.mark.parametrize(
+    "kind,s,v",
+    [
+        ("relu_tau", 0.5, None),
+        ("relu_tau", 0.75, None),
+        ("soft_threshold", 0.3, None),
+        ("crelu", 0.6, 0.5),
+        ("crelu", 0.8, 0.9),
+        ("cst", 0.5, 0.7),
+        ("cst", 0.85, 0.6),
+    ],
+)
 def test_matches_generic_quadrature_eoc_solver(kind, s, v):
     sol = solve_sparse_eoc(kind, s, v, q_star=1.7)
     ref = solve_eoc(_act(kind, sol.tau, sol.m), q_star=1.7)
@@ -311,8 +324,8 @@ def test_clip_for_v_slope_is_monotone_inverse():
     for kind, s in (("crelu", 0.5), ("crelu", 0.9), ("cst", 0.2), ("cst", 0.95)):
         tau = threshold_for_sparsity(kind, s)
         ms = [clip_for_v_slope(kind, s, v) for v in (0.05, 0.3, 0.6, 0.95, 0.999)]
-        assert all(x < y for x, y in zip(ms, ms[1:]))
-        for v, m in zip((0.05, 0.3, 0.6, 0.95, 0.999), ms):
+        assert all(x < y for x, y in zip(ms, ms[1:], strict=False))
+        for v, m in zip((0.05, 0.3, 0.6, 0.95, 0.999), ms, strict=False):
             assert eoc_v_slope(kind, tau, m) == pytest.approx(v, abs=1e-12)
         lo, hi = v_slope_range(kind, s)
         assert 0 < lo < 1e-3 and hi == pytest.approx(1.0, abs=1e-15)
@@ -385,11 +398,14 @@ def test_fixed_points_against_dense_scan():
 
 def test_curvature_warning_follows_table_2():
     # every Table 2 clipped configuration with V'' >= 0.41 failed on DNNs; <= 0.39 trained
-    flagged = {(r[0], r[1], r[4]) for r in TABLE_2 + TABLE_5
-               if r[3] is not None and any("curvature" in w for w in
-                                           solve_sparse_eoc(r[0], r[1], r[4]).warnings)}
-    expected = {(r[0], r[1], r[4]) for r in TABLE_2 + TABLE_5
-                if r[3] is not None and r[5] >= CURVATURE_WARNING_THRESHOLD}
+    flagged = {
+        (r[0], r[1], r[4])
+        for r in TABLE_2 + TABLE_5
+        if r[3] is not None and any("curvature" in w for w in solve_sparse_eoc(r[0], r[1], r[4]).warnings)
+    }
+    expected = {
+        (r[0], r[1], r[4]) for r in TABLE_2 + TABLE_5 if r[3] is not None and r[5] >= CURVATURE_WARNING_THRESHOLD
+    }
     assert flagged == expected
     assert ("crelu", 0.85, 0.9) in flagged and ("cst", 0.85, 0.7) not in flagged
     # a laxer threshold for shallow networks
@@ -409,8 +425,7 @@ def test_jacobian_spectrum_variance():
     # equation (30) with mu_k = E[phi'^2] = 1 / sigma_w^2 (Table 3)
     sol = solve_sparse_eoc("cst", 0.8, 0.7)
     mu = chi_1("cst", 1.0, sol.tau, sol.m, 1.0)
-    assert jacobian_spectrum_variance(sol.sigma_w2, 30, False) == pytest.approx(
-        30 * (mu / mu**2 - 1 + 1), rel=1e-12)
+    assert jacobian_spectrum_variance(sol.sigma_w2, 30, False) == pytest.approx(30 * (mu / mu**2 - 1 + 1), rel=1e-12)
     for bad in (0, -3, 2.5, True):
         with pytest.raises(SigpropError) as e:
             jacobian_spectrum_variance(2.0, bad, False)
@@ -511,8 +526,7 @@ def test_monte_carlo_crelu_keeps_sparsity_and_variance():
     def act(h):
         return np.clip(h - t, np.float32(0), m)
 
-    q, zeros = _simulate(act, sol.sigma_w2, sol.sigma_b2, width=512, depth=30, networks=16,
-                         inputs=4, seed=0)
+    q, zeros = _simulate(act, sol.sigma_w2, sol.sigma_b2, width=512, depth=30, networks=16, inputs=4, seed=0)
     q_mean, z_mean = q.mean(axis=1), zeros.mean(axis=1)
     assert np.max(np.abs(q_mean - sol.q_star)) <= 0.10 * sol.q_star
     assert np.max(np.abs(z_mean - 0.8)) <= 0.02
@@ -520,7 +534,6 @@ def test_monte_carlo_crelu_keeps_sparsity_and_variance():
     assert np.max(np.abs(zeros.mean(axis=0) - 0.8)) <= 0.02
     # and no single network drifts away: q^l stays within a factor 2 of q* (stable fixed point)
     assert 0.5 < q.min() and q.max() < 2.0
-
 
 
 def test_monte_carlo_unclipped_relu_tau_diverges():

@@ -9,8 +9,7 @@ from collections import Counter
 
 import pytest
 
-from sigprop.engine.templates import (RESNET_CONFIGS, TEMPLATE_NAMES, describe_templates,
-                                      expand_template)
+from sigprop.engine.templates import RESNET_CONFIGS, TEMPLATE_NAMES, describe_templates, expand_template
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
 
@@ -73,8 +72,12 @@ ALL_TEMPLATES = [
     dict(template="cnn", depth=5),
     dict(template="densenet"),
     dict(template="densenet", depth=40, growth_rate=12),
-] + [dict(template="resnet", depth=d, version=v, shortcut_weight=w)
-     for d in (18, 50) for v in (1, 2) for w in (0.0, 0.5, 1.0)]
+] + [
+    dict(template="resnet", depth=d, version=v, shortcut_weight=w)
+    for d in (18, 50)
+    for v in (1, 2)
+    for w in (0.0, 0.5, 1.0)
+]
 
 
 @pytest.mark.parametrize("kw", ALL_TEMPLATES, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
@@ -86,6 +89,7 @@ def test_well_formed_and_deterministic(kw):
 
 
 # ---------------------------------------------------------------- mlp, cnn
+
 
 def test_mlp_counts_and_defaults():
     g = expand(template="mlp", depth=7)
@@ -101,8 +105,16 @@ def test_mlp_counts_and_defaults():
 
 def test_mlp_image_input_is_flattened():
     g = expand(template="mlp", depth=2, width=16, input_shape=[1, 28, 28], classes=3, bias=False)
-    assert [n.op for n in g.nodes] == ["input", "flatten", "dense", "activation", "dense", "activation",
-                                       "dense", "output"]
+    assert [n.op for n in g.nodes] == [
+        "input",
+        "flatten",
+        "dense",
+        "activation",
+        "dense",
+        "activation",
+        "dense",
+        "output",
+    ]
     assert [n.units for n in g.nodes if n.op == "dense"] == [16, 16, 3]
     assert not any(n.bias for n in g.nodes if n.op == "dense")
 
@@ -113,8 +125,7 @@ def test_mlp_input_shape_default_follows_width():
 
 def test_cnn_counts():
     g = expand(template="cnn", depth=6, width=32)
-    assert dict(ops(g)) == {"input": 1, "conv": 6, "activation": 6, "global_avg_pool": 1, "dense": 1,
-                            "output": 1}
+    assert dict(ops(g)) == {"input": 1, "conv": 6, "activation": 6, "global_avg_pool": 1, "dense": 1, "output": 1}
     assert g.nodes[0].shape == [3, 32, 32]
     for n in g.nodes:
         if n.op == "conv":
@@ -123,6 +134,7 @@ def test_cnn_counts():
 
 
 # ---------------------------------------------------------------- resnet
+
 
 def test_resnet50_v2_counts():
     g = expand(template="resnet", depth=50, version=2, shortcut_weight=0.5)
@@ -153,15 +165,26 @@ def test_resnet50_v2_counts():
 
 def test_resnet_v2_bottleneck_block_layout():
     g = expand(template="resnet", depth=50, version=2, shortcut_weight=0.5)
-    convs = [(n.channels, n.kernel, n.stride) for n in g.nodes
-             if n.op == "conv" and n.id.startswith("block_group_1.block_0.")]
+    convs = [
+        (n.channels, n.kernel, n.stride)
+        for n in g.nodes
+        if n.op == "conv" and n.id.startswith("block_group_1.block_0.")
+    ]
     # shortcut conv, then conv1x1(ch/4) -> conv3x3(ch/4, stride) -> conv1x1(ch)
     assert convs == [(512, 1, 2), (128, 1, 1), (128, 3, 2), (512, 1, 1)]
 
 
-@pytest.mark.parametrize("depth,acts,sums,projs", [
-    (18, 17, 8, 3), (34, 33, 16, 3), (50, 49, 16, 4), (101, 100, 33, 4), (152, 151, 50, 4), (200, 199, 66, 4),
-])
+@pytest.mark.parametrize(
+    "depth,acts,sums,projs",
+    [
+        (18, 17, 8, 3),
+        (34, 33, 16, 3),
+        (50, 49, 16, 4),
+        (101, 100, 33, 4),
+        (152, 151, 50, 4),
+        (200, 199, 66, 4),
+    ],
+)
 def test_resnet_v2_counts_all_depths(depth, acts, sums, projs):
     g = expand(template="resnet", depth=depth, shortcut_weight=0.3)
     assert ops(g)["activation"] == acts
@@ -177,7 +200,7 @@ def test_resnet_w0_has_no_shortcuts(version):
     assert c["sum"] == 0
     assert c["conv"] == 1 + 3 * 16  # no projection convs either
     # a plain chain: every node feeds the next one
-    for prev, n in zip(g.nodes, g.nodes[1:]):
+    for prev, n in zip(g.nodes, g.nodes[1:], strict=False):
         assert n.inputs == [prev.id]
     # v1: initial activation + (2 inside + 1 closing) per block = 49; v2: 3 per block + final = 49
     assert c["activation"] == 49
@@ -215,6 +238,7 @@ def test_resnet_shortcut_weight_one():
 
 # ---------------------------------------------------------------- cross-check with dks
 
+
 def _load_reference():
     ref = load_modified_resnet()
     if ref is None:
@@ -237,7 +261,7 @@ def graph_cmap(g: Graph, c0: float, r) -> float:
         elif n.op == "activation":
             val[n.id] = r(val[n.inputs[0]])
         elif n.op == "sum":
-            val[n.id] = sum(w * w * val[s] for w, s in zip(n.weights, n.inputs))
+            val[n.id] = sum(w * w * val[s] for w, s in zip(n.weights, n.inputs, strict=False))
         else:
             assert len(n.inputs) == 1
             val[n.id] = val[n.inputs[0]]
@@ -246,8 +270,9 @@ def graph_cmap(g: Graph, c0: float, r) -> float:
 
 def test_resnet_configs_match_reference():
     configs, _ = _load_reference()
-    assert {d: {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in c.items()}
-            for d, c in configs.items()} == RESNET_CONFIGS
+    assert {
+        d: {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in c.items()} for d, c in configs.items()
+    } == RESNET_CONFIGS
 
 
 @pytest.mark.parametrize("depth", sorted(RESNET_CONFIGS))
@@ -273,17 +298,20 @@ def test_resnet_v1_w0_cmap_matches_reference(depth):
     g = expand(template="resnet", depth=depth, version=1, shortcut_weight=0.0)
     for c0 in (-0.5, 0.0, 0.7):
         assert graph_cmap(g, c0, relu_cmap) == pytest.approx(
-            subnet_max_func(c0, relu_cmap, depth, 0.0, resnet_v2=False), abs=1e-12)
+            subnet_max_func(c0, relu_cmap, depth, 0.0, resnet_v2=False), abs=1e-12
+        )
 
 
 # ---------------------------------------------------------------- densenet
+
 
 def test_densenet121_counts():
     g = expand(template="densenet")
     c = ops(g)
     assert c["concat"] == 58  # 6 + 12 + 24 + 16 dense layers
-    # stem 1 + 2 per dense layer (58) + 1 per transition (3) + final 1 = 121
-    assert c["activation"] == 121 and max_path_activations(g) == 121
+    # 2 per dense layer (58) + 1 per transition (3) + final 1 = 120: the stem has no activation
+    # (it would feed post-activation features to the first block's concatenations)
+    assert c["activation"] == 120 and max_path_activations(g) == 120
     # stem conv + 2 per dense layer + 1 per transition = 120 convs, + 1 dense = 121 weighted layers
     assert c["conv"] == 120 and c["dense"] == 1
     assert c["avg_pool"] == 3 and c["max_pool"] == 1 and c["global_avg_pool"] == 1
@@ -292,8 +320,7 @@ def test_densenet121_counts():
     assert (nodes["pool0"].kernel, nodes["pool0"].stride) == (3, 2)
     # compression 0.5 in the transitions: 256 -> 128, 512 -> 256, 1024 -> 512; 1024 at the end
     assert [nodes[f"transition{i}.conv"].channels for i in (1, 2, 3)] == [128, 256, 512]
-    assert all((nodes[f"transition{i}.pool"].kernel, nodes[f"transition{i}.pool"].stride) == (2, 2)
-               for i in (1, 2, 3))
+    assert all((nodes[f"transition{i}.pool"].kernel, nodes[f"transition{i}.pool"].stride) == (2, 2) for i in (1, 2, 3))
     assert nodes["logits"].units == 1000 and g.nodes[0].shape == [3, 224, 224]
 
 
@@ -305,7 +332,11 @@ def test_densenet_concat_inputs_in_creation_order():
     assert nodes["denseblock2.concat1"].inputs == ["transition1.pool", "denseblock2.denselayer1.conv2"]
     layer = [n for n in g.nodes if n.id.startswith("denseblock2.denselayer3.")]
     assert [(n.op, getattr(n, "channels", None), getattr(n, "kernel", None)) for n in layer] == [
-        ("activation", None, None), ("conv", 128, 1), ("activation", None, None), ("conv", 32, 3)]
+        ("activation", None, None),
+        ("conv", 128, 1),
+        ("activation", None, None),
+        ("conv", 32, 3),
+    ]
     assert layer[0].inputs == ["denseblock2.concat2"]
 
 
@@ -329,21 +360,25 @@ def test_densenet_cifar():
 
 # ---------------------------------------------------------------- errors and description
 
-@pytest.mark.parametrize("kw,hint_has", [
-    (dict(template="mlp"), "depth"),
-    (dict(template="cnn"), "depth"),
-    (dict(template="resnet"), "18, 34, 50, 101, 152, 200"),
-    (dict(template="resnet", depth=42), "18, 34, 50, 101, 152, 200"),
-    (dict(template="densenet", depth=122), "121, 169, 201 or 264"),
-    (dict(template="densenet", depth=4), "6n+4"),
-    (dict(template="resnet", depth=50, width=64), "depth, version, shortcut_weight"),
-    (dict(template="mlp", depth=3, shortcut_weight=0.5), "depth, width"),
-    (dict(template="densenet", version=2), "growth_rate"),
-    (dict(template="cnn", depth=3, input_shape=[784]), "[channels, height, width]"),
-    (dict(template="resnet", depth=50, input_shape=[3, 224]), "[channels, height, width]"),
-    (dict(template="mlp", depth=3, input_shape=[28, 28]), "[features]"),
-    (dict(template="resnet", depth=18, input_shape=[3, 4, 4]), "larger input"),
-])
+
+@pytest.mark.parametrize(
+    "kw,hint_has",
+    [
+        (dict(template="mlp"), "depth"),
+        (dict(template="cnn"), "depth"),
+        (dict(template="resnet"), "18, 34, 50, 101, 152, 200"),
+        (dict(template="resnet", depth=42), "18, 34, 50, 101, 152, 200"),
+        (dict(template="densenet", depth=122), "121, 169, 201 or 264"),
+        (dict(template="densenet", depth=4), "6n+4"),
+        (dict(template="resnet", depth=50, width=64), "depth, version, shortcut_weight"),
+        (dict(template="mlp", depth=3, shortcut_weight=0.5), "depth, width"),
+        (dict(template="densenet", version=2), "growth_rate"),
+        (dict(template="cnn", depth=3, input_shape=[784]), "[channels, height, width]"),
+        (dict(template="resnet", depth=50, input_shape=[3, 224]), "[channels, height, width]"),
+        (dict(template="mlp", depth=3, input_shape=[28, 28]), "[features]"),
+        (dict(template="resnet", depth=18, input_shape=[3, 4, 4]), "larger input"),
+    ],
+)
 def test_bad_parameters(kw, hint_has):
     with pytest.raises(SigpropError) as info:
         expand(**kw)
@@ -373,7 +408,7 @@ def test_describe_templates():
     assert params["densenet"]["depth"]["default"] == 121
     assert params["densenet"]["growth_rate"]["default"] == 32
     # every documented parameter is a Template field, and each template takes only those
-    for name, ps in params.items():
+    for _name, ps in params.items():
         assert set(ps) <= set(Template.model_fields)
     d[0]["name"] = "changed"
     assert describe_templates()[0]["name"] == "mlp"  # a fresh copy each call

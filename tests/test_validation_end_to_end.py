@@ -1,4 +1,4 @@
-"""Issue 6's headline check, through the real API to a real `sigprop worker` on a real Redis with
+"""The headline check of validation trainings, through the real API to a real `sigprop worker` on a real Redis with
 the real trainer: a depth-50 TReLU MLP on digits trains clearly better than the same ReLU MLP with
 He initialization in the same budget (TAT paper section 5.3, on a small scale)."""
 
@@ -10,7 +10,7 @@ import httpx
 
 from .service_fixtures import _stop_group, service_env, start_redis, start_service
 
-KEY = "e2e-key"
+KEY = "e2e-key-0123456789"
 
 
 def test_trelu_mlp_on_digits_beats_he_relu_through_the_api(tmp_path):
@@ -20,12 +20,27 @@ def test_trelu_mlp_on_digits_beats_he_relu_through_the_api(tmp_path):
     try:
         svc = start_service(tmp_path / "svc", env)
         with open(tmp_path / "worker.log", "wb") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "sigprop.cli", "worker"], env=service_env(env),
-                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        body = {"solve": {"graph": {"template": "mlp", "depth": 50, "width": 128, "input_shape": [64], "classes": 10},
-                          "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.9}},
-                "dataset": "digits", "steps": 300, "batch_size": 64, "seed": 0, "baselines": ["he"]}
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "sigprop.cli", "worker"],
+                env=service_env(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        body = {
+            "solve": {
+                "graph": {"template": "mlp", "depth": 50, "width": 128, "input_shape": [64], "classes": 10},
+                "method": "tat",
+                "activation": "leaky_relu",
+                "targets": {"eta": 0.9},
+            },
+            "dataset": "digits",
+            "steps": 300,
+            "batch_size": 64,
+            "seed": 0,
+            "baselines": ["he"],
+        }
         with httpx.Client(base_url=svc.base_url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as api:
             r = api.post("/v1/validations", json=body)
             assert r.status_code == 202, r.text

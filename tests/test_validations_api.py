@@ -1,10 +1,11 @@
 """End-to-end tests of validations (contract section 4): the real API (`sigprop serve` on loopback),
 a private `redis-server`, and real `sigprop worker` processes (RQ work horses forked per job).
 
-The training function is ``tests.fake_training:run`` (selected with SIGPROP_VALIDATION_FUNCTION,
-set only here): it sleeps instead of training, so these tests exercise the plumbing (queue,
-retries, recovery of a killed worker, cancel, state) and not the trainer. Workers run with a 1 s
-heartbeat and maintenance interval, so a job abandoned by a killed worker is retried in seconds.
+The training function is ``tests.fake_training:run`` (the processes run ``python -m
+tests.fake_sigprop``, sigprop's command line with that trainer patched in): it sleeps instead of
+training, so these tests exercise the plumbing (queue, retries, recovery of a killed worker, cancel,
+state) and not the trainer. Workers run with a 1 s heartbeat and maintenance interval, so a job
+abandoned by a killed worker is retried in seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,25 +26,31 @@ import pytest
 
 from sigprop.schemas.validation import ValidationJob
 
+from .fake_training import write_fake_datasets
 from .service_fixtures import _stop_group, _tail, assert_error, service_env, start_redis, start_service
 
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "val-test-key"
+KEY = "val-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-FAKE = "tests.fake_training:run"
+FAKE_CLI = "tests.fake_sigprop"  # `sigprop` with the sleep-only trainer
 COMMON_ENV = {
     "SIGPROP_API_KEYS": KEY,
-    "SIGPROP_VALIDATION_FUNCTION": FAKE,
     "SIGPROP_WORKER_HEARTBEAT_S": "1",
     "SIGPROP_WORKER_MAINTENANCE_S": "1",
     "SIGPROP_VALIDATION_CANCEL_GRACE_S": "2",
     "PYTHONPATH": str(ROOT),  # workers (and the local runner) import tests.fake_training
+    # crash.npz, stubborn.npz, rejected.npz: .npz names resolve only inside this folder
+    "SIGPROP_DATASETS_DIR": write_fake_datasets(tempfile.mkdtemp(prefix="sigprop-fake-datasets-")),
 }
 
 
 def solve_request(depth: int = 3, eta: float = 0.5) -> dict:
-    return {"graph": {"template": "mlp", "depth": depth, "width": 8}, "method": "tat", "activation": "leaky_relu",
-            "targets": {"eta": eta}}
+    return {
+        "graph": {"template": "mlp", "depth": depth, "width": 8},
+        "method": "tat",
+        "activation": "leaky_relu",
+        "targets": {"eta": eta},
+    }
 
 
 def validation(steps: int = 5, dataset: str = "synthetic", **extra) -> dict:
@@ -50,6 +58,7 @@ def validation(steps: int = 5, dataset: str = "synthetic", **extra) -> dict:
 
 
 # -- processes ----------------------------------------------------------------------------------
+
 
 @dataclass
 class WorkerProc:
@@ -73,7 +82,7 @@ def session_pids(sid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z" and int(fields[3]) == sid:
             out.append(int(entry))
     return out
@@ -113,9 +122,15 @@ def workers(env, tmp_path):
     def start(*args: str) -> WorkerProc:
         log_path = tmp_path / f"worker-{len(started)}.log"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "sigprop.cli", "worker", *args], cwd=ROOT,
-                                    env=service_env(env), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", FAKE_CLI, "worker", *args],
+                cwd=ROOT,
+                env=service_env(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         w = WorkerProc(proc, log_path)
         started.append(w)
         return w
@@ -157,12 +172,14 @@ def status_is(*statuses):
 
 # -- the Redis + RQ mode ------------------------------------------------------------------------
 
+
 def test_bad_requests_get_contract_errors(service, api):
     before = api.get("/v1/validations").json()["total"]
     with httpx.Client(base_url=service.base_url, timeout=30.0) as anon:
         assert_error(anon.post("/v1/validations", json=validation()), 401, "unauthorized")
-        assert_error(anon.post("/v1/validations", json=validation(), headers={"Authorization": "Bearer nope"}),
-                     403, "forbidden")
+        assert_error(
+            anon.post("/v1/validations", json=validation(), headers={"Authorization": "Bearer nope"}), 403, "forbidden"
+        )
         assert_error(anon.delete("/v1/validations/" + "0" * 32), 401, "unauthorized")
         assert_error(anon.get("/v1/validations/" + "0" * 32), 404, "not_found")
 
@@ -179,10 +196,21 @@ def test_bad_requests_get_contract_errors(service, api):
     assert_error(api.post("/v1/validations", content=b"{not json"), 422, "invalid_request")
     assert_error(api.post("/v1/validations", json=[1, 2]), 422, "invalid_request")
     # the solve part is rejected with the code POST /v1/solve answers
-    bad_graph = {**validation(), "solve": {**solve_request(), "graph": {"schema": "sigprop.graph/v1", "nodes": [
-        {"id": "x", "op": "input", "shape": [4]}, {"id": "o", "op": "output", "inputs": ["missing"]}]}}}
-    assert_error(api.post("/v1/validations", json=bad_graph), 422,
-                 api.post("/v1/solve", json=bad_graph["solve"]).json()["error"]["code"])
+    bad_graph = {
+        **validation(),
+        "solve": {
+            **solve_request(),
+            "graph": {
+                "schema": "sigprop.graph/v1",
+                "nodes": [{"id": "x", "op": "input", "shape": [4]}, {"id": "o", "op": "output", "inputs": ["missing"]}],
+            },
+        },
+    }
+    assert_error(
+        api.post("/v1/validations", json=bad_graph),
+        422,
+        api.post("/v1/solve", json=bad_graph["solve"]).json()["error"]["code"],
+    )
     unreachable = {**validation(), "solve": {**solve_request(depth=10, eta=0.9)}}
     assert_error(api.post("/v1/validations", json=unreachable), 422, "unreachable_target")
     assert_error(api.get("/v1/validations/" + "0" * 32), 404, "not_found")
@@ -255,7 +283,7 @@ def test_job_of_a_killed_worker_is_retried_by_another(api, workers):
 
 def test_job_that_always_crashes_fails_after_its_retries(api, workers):
     workers()
-    vid = submit(api, validation(steps=5, dataset="/fake/crash.npz"))
+    vid = submit(api, validation(steps=5, dataset="crash.npz"))
     seen = set()
 
     def done(job):
@@ -270,7 +298,7 @@ def test_job_that_always_crashes_fails_after_its_retries(api, workers):
     assert "queued" in seen or "running" in seen
 
     # a request the trainer rejects (SigpropError) is not retried: it would be rejected again
-    vid = submit(api, validation(steps=5, dataset="/fake/rejected.npz"))
+    vid = submit(api, validation(steps=5, dataset="rejected.npz"))
     job = wait_for(api, vid, status_is("finished", "failed", "cancelled"), 30, workers)
     assert job["status"] == "failed" and job["attempts"] == 1, job
     assert "invalid_request" in job["error"] and "does not exist" in job["error"], job
@@ -290,7 +318,7 @@ def test_cancel_a_running_job(api, workers):
     assert job["attempts"] == 1  # never retried
 
     # A job that ignores cancelled() is stopped by its worker after the grace period (2 s here).
-    vid = submit(api, validation(steps=300, dataset="/fake/stubborn.npz"))
+    vid = submit(api, validation(steps=300, dataset="stubborn.npz"))
     wait_for(api, vid, lambda j: j["status"] == "running" and j["progress"].get("step", 0) >= 2, 30, workers)
     assert api.delete(f"/v1/validations/{vid}").status_code == 202
     job = wait_for(api, vid, status_is("cancelled", "finished", "failed"), 15, workers)
@@ -336,18 +364,24 @@ def test_list_is_newest_first_and_paginated(api):
 
 
 def test_worker_without_redis_exits_with_an_error():
-    proc = subprocess.run([sys.executable, "-m", "sigprop.cli", "worker", "--burst"], cwd=ROOT,
-                          env=service_env({"SIGPROP_REDIS_URL": None}), capture_output=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sigprop.cli", "worker", "--burst"],
+        cwd=ROOT,
+        env=service_env({"SIGPROP_REDIS_URL": None}),
+        capture_output=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert json.loads(proc.stderr)["error"]["code"] == "invalid_request"
 
 
 # -- the embedded mode: no Redis, jobs run in the API process, state in SQLite -------------------
 
+
 def test_local_mode_runs_cancels_and_survives_a_restart(tmp_path):
     data = tmp_path / "data"
     env = {**COMMON_ENV, "SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(data)}
-    svc = start_service(tmp_path / "svc", env)
+    svc = start_service(tmp_path / "svc", env, cli=FAKE_CLI)
     try:
         api = svc.client(headers=AUTH)
         vid = submit(api, validation(steps=4))
@@ -382,7 +416,7 @@ def test_local_mode_runs_cancels_and_survives_a_restart(tmp_path):
         status, error = db.execute("SELECT status, error FROM validations WHERE id = ?", (last,)).fetchone()
     assert status == "failed" and "interrupted" in error, (status, error)
 
-    svc = start_service(tmp_path / "svc2", env)
+    svc = start_service(tmp_path / "svc2", env, cli=FAKE_CLI)
     try:
         api = svc.client(headers=AUTH)
         job = api.get(f"/v1/validations/{last}").json()
@@ -394,9 +428,9 @@ def test_local_mode_runs_cancels_and_survives_a_restart(tmp_path):
         svc.proc.wait(timeout=10)
     finally:
         svc.stop()
-    svc = start_service(tmp_path / "svc3", env)
+    svc = start_service(tmp_path / "svc3", env, cli=FAKE_CLI)
     try:
-        job = svc.client().get(f"/v1/validations/{killed}").json()
+        job = svc.client(headers=AUTH).get(f"/v1/validations/{killed}").json()  # errors are shown with a key
         assert job["status"] == "failed" and "exited before it finished" in job["error"], job
     finally:
         svc.stop()

@@ -1,0 +1,174 @@
+"""Finite-width random networks in numpy, built from a graph and an answer alone, for Monte Carlo
+checks of what the answer predicts (TAT paper Appendix E.1: empirical c values against the C map).
+
+Weights follow each layer entry of the answer: scale-corrected uniform orthogonal (SUO) matrices for
+dense layers, Orthogonal Delta for convolutions (only the centre tap is non-zero, so a convolution
+is the same channel matrix at every location, and a stride keeps every ``stride``-th location).
+Activations are written here from their definitions, not taken from the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import erf
+
+from sigprop.engine.solve import prepare
+from sigprop.requests import parse_solve_request
+
+RAW = {
+    "softplus": lambda x: np.logaddexp(0.0, x),
+    "tanh": np.tanh,
+    "gelu": lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))),
+}
+
+
+def phi_hat(ans):
+    """The answer's transformed activation: output_scale (phi(input_scale x + input_shift) + output_shift)."""
+    if ans.negative_slope is not None:
+        a, g = ans.negative_slope, ans.output_scale
+        return lambda x: g * np.where(x > 0, x, a * x)
+    raw = RAW[ans.activation]
+    al, be, ga, de = ans.input_scale, ans.input_shift, ans.output_scale, ans.output_shift
+    return lambda x: ga * (raw(al * x + be) + de)
+
+
+def suo(m: int, k: int, gain: float, rng: np.random.Generator) -> np.ndarray:
+    """An m x k matrix with orthonormal rows (m <= k) or columns (m > k), times ``gain`` (Haar: QR
+    of a Gaussian matrix with the signs of R's diagonal fixed)."""
+    if m > k:
+        return suo(k, m, 1.0, rng).T * gain
+    q, r = np.linalg.qr(rng.standard_normal((k, m)))
+    q *= np.sign(np.diag(r))[None, :]
+    return gain * q.T
+
+
+@dataclass
+class Probe:
+    """Features recorded during one forward pass: by node id, arrays of shape (batch, channels[, h, w])."""
+
+    values: dict
+
+
+def forward(graph, ans, x: np.ndarray, rng: np.random.Generator, record=()) -> tuple[np.ndarray, Probe]:
+    """Propagate a batch ``x`` through one random draw of the network; returns the output and the
+    features of the nodes named in ``record``."""
+    layers = {lay.id: lay for lay in ans.layers}
+    act = phi_hat(ans)
+    vals: list[np.ndarray] = [None] * graph.n  # type: ignore[list-item]
+    probe = Probe({})
+    for nd in graph.nodes:
+        ins = [vals[i] for i in nd.inputs]
+        if nd.op == "input":
+            h = x
+        elif nd.op in ("dense", "conv"):
+            lay = layers[nd.user_id]
+            assert lay.distribution in ("scaled_uniform_orthogonal", "orthogonal_delta") and lay.bias in (
+                "zeros",
+                "none",
+            )
+            w = suo(lay.fan_out, lay.fan_in, lay.gain, rng)
+            h = ins[0]
+            if nd.op == "conv":
+                sh, sw = nd.attrs["stride"]
+                h = np.einsum("oc,bchw->bohw", w, h[:, :, ::sh, ::sw], optimize=True)
+            else:
+                h = h @ w.T
+        elif nd.op == "activation":
+            h = act(ins[0])
+        elif nd.op == "sum":
+            h = sum(wt * v for wt, v in zip(nd.attrs["weights"], ins, strict=False))
+        elif nd.op == "concat":
+            h = np.concatenate(ins, axis=1)
+        elif nd.op == "global_avg_pool":
+            h = ins[0].mean(axis=(2, 3))
+        elif nd.op == "avg_pool":
+            (kh, kw), (sh, sw) = nd.attrs["kernel"], nd.attrs["stride"]
+            b, c, hh, ww = ins[0].shape
+            oh, ow = (hh - kh) // sh + 1, (ww - kw) // sw + 1
+            h = np.zeros((b, c, oh, ow))
+            for i in range(kh):
+                for j in range(kw):
+                    h += ins[0][:, :, i : i + sh * oh : sh, j : j + sw * ow : sw]
+            h /= kh * kw
+        elif nd.op == "flatten":
+            h = ins[0].reshape(len(ins[0]), -1)
+        elif nd.op in ("identity", "dropout", "output"):
+            h = ins[0]
+        else:
+            raise NotImplementedError(nd.op)
+        vals[nd.index] = h
+        if nd.user_id in record:
+            probe.values[nd.user_id] = h
+    return vals[graph.output], probe
+
+
+def correlated_pairs(pairs: int, c0: float, shape: tuple[int, ...], rng, same_locations: bool = True) -> np.ndarray:
+    """2 * pairs inputs (x1, c0 x1 + sqrt(1 - c0^2) x2) with mean square 1 per location over channels
+    and x1 . x2 = 0 at every location; with ``same_locations`` every location holds the same vector."""
+    channels = shape[0]
+    locations = 1 if (len(shape) == 1 or same_locations) else shape[1] * shape[2]
+    # each pair's two directions: orthonormal columns of a channels x 2 Gaussian matrix, scaled to mean square 1
+    base = np.linalg.qr(rng.standard_normal((pairs, locations, channels, 2)))[0] * math.sqrt(channels)
+    x1, x2 = base[..., 0], base[..., 1]  # (pairs, locations, channels)
+    out = np.empty((2 * pairs, channels, locations))
+    out[0::2] = x1.transpose(0, 2, 1)
+    out[1::2] = (c0 * x1 + math.sqrt(1 - c0 * c0) * x2).transpose(0, 2, 1)
+    if len(shape) == 1:
+        return out[:, :, 0]
+    if same_locations:
+        return (
+            np.broadcast_to(out, (2 * pairs, channels, shape[1] * shape[2])).reshape((2 * pairs,) + tuple(shape)).copy()
+        )
+    return out.reshape((2 * pairs,) + tuple(shape))
+
+
+def pair_cosines(h: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each pair (rows 2i, 2i + 1), per location for feature maps: (pairs, ...)."""
+    a, b = h[0::2], h[1::2]
+    return np.sum(a * b, axis=1) / np.sqrt(np.sum(a * a, axis=1) * np.sum(b * b, axis=1))
+
+
+def mean_square(h: np.ndarray) -> np.ndarray:
+    """q of each input (per location for feature maps): the mean square over channels."""
+    return np.mean(h * h, axis=1)
+
+
+@dataclass
+class Estimate:
+    mean: float
+    se: float  # standard error over independent networks
+
+
+def estimate(per_network: list[float]) -> Estimate:
+    v = np.asarray(per_network, dtype=float)
+    return Estimate(float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))))
+
+
+def solve_request(body: dict):
+    """The answer and the canonical graph (user ids kept) of one request."""
+    from sigprop.engine.solve import solve
+
+    request = parse_solve_request(body)
+    return prepare(request).graph, solve(request)
+
+
+def output_statistics(
+    graph, ans, c0s, nets: int, pairs: int, seed: int, same_locations: bool = True, at: str | None = None
+) -> dict:
+    """Empirical c (per c0) and q at the output, or at node ``at``, over ``nets`` random networks."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(graph.nodes[next(i for i, nd in enumerate(graph.nodes) if nd.op == "input")].shape)
+    cs = {c0: [] for c0 in c0s}
+    qs = []
+    for _ in range(nets):
+        xs = np.concatenate([correlated_pairs(pairs, c0, shape, rng, same_locations) for c0 in c0s])
+        net_seed = int(rng.integers(2**63))
+        out, probe = forward(graph, ans, xs, np.random.default_rng(net_seed), record=(at,) if at else ())
+        h = probe.values[at] if at else out
+        for j, c0 in enumerate(c0s):
+            cs[c0].append(float(pair_cosines(h[2 * pairs * j : 2 * pairs * (j + 1)]).mean()))
+        qs.append(float(mean_square(h).mean()))
+    return {"c": {c0: estimate(v) for c0, v in cs.items()}, "q": estimate(qs)}
