@@ -18,8 +18,14 @@ def table(headers: list[str], rows: list[list[str]], right: set[int]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells):
-        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+        return (
+            "| "
+            + " | ".join(
+                c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+            )
+            + " |"
+        )
+
     sep = "|" + "|".join(("-" * (w + 1) + ":") if i in right else ("-" * (w + 2)) for i, w in enumerate(widths)) + "|"
     return "\n".join([line(headers), sep] + [line(r) for r in rows])
 
@@ -30,7 +36,9 @@ def machine() -> str:
     import platform
 
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return f"{platform.machine()} {os.cpu_count()} CPUs ({platform.processor() or platform.system()}), load average {load}"
+    return (
+        f"{platform.machine()} {os.cpu_count()} CPUs ({platform.processor() or platform.system()}), load average {load}"
+    )
 
 
 def sigprop_state(root) -> str:
@@ -41,11 +49,17 @@ def sigprop_state(root) -> str:
     import sigprop
 
     try:
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "service", "schemas"], cwd=root,
-                                 capture_output=True, text=True, timeout=10).stdout.split("\n")
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "service", "schemas"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.split("\n")
         changed = [c[3:] for c in changed if c.strip()]
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         changed, head = [], "?"
     src = Path(sigprop.__file__).parent

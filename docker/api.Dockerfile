@@ -16,7 +16,7 @@ RUN useradd --create-home --uid 10001 --user-group sigprop \
 
 WORKDIR /src
 COPY . /src
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir "./[server]"
 
 # Numeric uid:gid (the sigprop user above), so Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001

@@ -34,5 +34,10 @@ RUN if [ "$TORCH_CPU" = "1" ]; then \
 USER 10001:10001
 WORKDIR /home/sigprop
 
+# Healthy while Redis answers (with the configured password/TLS) and this container's worker is
+# registered with RQ; a worker's registration expires when it dies or hangs.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
+    CMD ["sigprop", "worker", "--check"]
+
 # The worker uses CUDA when torch.cuda.is_available() (compose reserves the GPUs), else the CPU.
 CMD ["sigprop", "worker"]
