@@ -531,6 +531,9 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
         else _maximizer_note(program, 1.0, lambda y, s: per[s].st.c_slope_1 * y)
     )
     shown = top or per[0]
+    # one pass of the global map over the sample grid and c = 0 together (a pass costs a local map
+    # evaluation per layer, whatever the number of points)
+    global_at = program.global_map(np.append(grid, 0.0), local)
     return Solution(
         **m.common(),
         **(top.fields() if top else {}),
@@ -539,13 +542,11 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
         activations={x.act.name: ActivationParams(**x.fields()) for x in per} if len(per) > 1 else None,
         c_curv_1=curv if has_curv else None,
         c_slope_1=slope,
-        network_c_f_0=float(program.global_map(np.array([0.0]), local)[0]),
+        network_c_f_0=float(global_at[-1]),
         root=RootInfo(
             starting_point=list(shown.tr.starting_point), attempt=shown.tr.attempt, rejected=shown.tr.rejected
         ),
-        c_map=CMapSample(
-            c=grid.tolist(), global_=program.global_map(grid, local).tolist(), local=shown.table(grid).tolist()
-        ),
+        c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=shown.table(grid).tolist()),
         layers=layer_inits(graph, m.request.init),
         warnings=warnings,
     )

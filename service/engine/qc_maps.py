@@ -161,8 +161,31 @@ class HermiteCMap:
             h_prev, h = h, (z * h - np.sqrt(k) * h_prev) / np.sqrt(k + 1)
         power = coef**2
         rest = max(0.0, second - float(power.sum()))
-        self.coefficients = np.append(power, rest) / second
         self.tail = 2.0 * rest / second
+        self.coefficients = _trimmed(np.append(power, rest) / second)
 
     def __call__(self, c):
-        return np.polynomial.polynomial.polyval(np.clip(c, -1.0, 1.0), self.coefficients)
+        """C(c), elementwise for an array: every power of c from one cumulative product and one
+        dot product (a global map calls this once per layer, so no Python loop over terms)."""
+        coef = self.coefficients
+        if np.ndim(c) != 1 or len(coef) == 1:
+            return np.polynomial.polynomial.polyval(np.clip(c, -1.0, 1.0), coef)
+        powers = np.repeat(np.minimum(np.maximum(c, -1.0), 1.0)[None], len(coef) - 1, axis=0)
+        np.multiply.accumulate(powers, axis=0, out=powers)
+        return coef[0] + coef[1:] @ powers
+
+
+# Coefficients whose whole suffix sums to less than this are folded into one term: on [-1, 1] that
+# moves C(c) by at most twice the folded mass, far below double precision's 1e-16 on C(c) ~ 1.
+_FOLD_BELOW = 1e-18
+
+
+def _trimmed(coefficients: np.ndarray) -> np.ndarray:
+    """The series with its negligible tail folded into a single last term (C(1) = 1 still holds
+    exactly): a smooth activation's a_k^2 decay geometrically, so about 15 of the 97 terms remain,
+    and every evaluation of the map costs that much less."""
+    suffix = np.cumsum(coefficients[::-1])[::-1]
+    keep = int(np.count_nonzero(suffix >= _FOLD_BELOW))
+    if keep >= len(coefficients) - 1:
+        return coefficients
+    return np.append(coefficients[:keep], suffix[keep])

@@ -46,6 +46,9 @@ NEAR_LINEAR_BELOW = 1e-4
 NEAR_LINEAR_SCALES = (1.0, 3.0, 0.3)
 NEAR_LINEAR_SHIFTS = (0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0)
 POLISH_EVALS = 40
+# a root whose conditions already hold this closely needs no polishing (hybr's quadratic
+# convergence usually ends there): the polish would cost up to POLISH_EVALS more evaluations
+POLISHED_BELOW = 1e-14
 UNSTABLE_PRODUCT = 2.0
 # Bounds that keep an unreachable target from turning into a long search: beyond this input
 # scale the activation is a near-step function (no useful transformation), each root search gets
@@ -236,11 +239,12 @@ def _polish(near: _NearLinear, fn, p, c_0):
         u = near.from_reference(p)
         if not np.all(np.isfinite(u)):
             return None, None
-        # hybr reports "no further improvement" once xtol is below what the residuals resolve:
-        # its last iterate is still the best one, so success is not required here
-        better = _root(fn, u, POLISH_EVALS, xtol=1e-14, require_success=False)
-        if better is not None and np.max(np.abs(fn(better))) <= np.max(np.abs(fn(u))):
-            u = better
+        if np.max(np.abs(fn(u))) * near.t > POLISHED_BELOW:
+            # hybr reports "no further improvement" once xtol is below what the residuals resolve:
+            # its last iterate is still the best one, so success is not required here
+            better = _root(fn, u, POLISH_EVALS, xtol=1e-14, require_success=False)
+            if better is not None and np.max(np.abs(fn(better))) <= np.max(np.abs(fn(u))):
+                u = better
         ref = near.to_reference(u)
         params = complete_params(near.act, near.names, ref, c_0)
         res = fn(u) * near.t
