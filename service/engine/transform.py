@@ -167,9 +167,10 @@ def solve_transform(
     Two searches share one evaluation budget: the reference's (dks's starting points, in its
     coordinates, so the same root is chosen) and one in near-linear coordinates (``_NearLinear``)
     whose starting points scale with the target. Deep networks need per-layer targets of 1e-7 and
-    less, where only the second converges; it goes first below ``NEAR_LINEAR_BELOW``. Every root
-    is polished in near-linear coordinates and accepted only when each condition holds to
-    ``RESIDUAL_TOL`` relative to the target's distance from the identity map (see ``_accept``).
+    less, where only the second converges; it goes first below ``NEAR_LINEAR_BELOW``. A root whose
+    conditions do not already hold to ``POLISHED_BELOW`` is polished in near-linear coordinates;
+    a root is accepted only when each condition holds to ``RESIDUAL_TOL`` relative to the target's
+    distance from the identity map (see ``_accept``).
     """
     names: tuple[str, ...] = (
         ("input_scale", "input_shift") if c_0 is not None else ("input_scale", "input_shift", "output_shift")
