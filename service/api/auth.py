@@ -106,6 +106,11 @@ class KeyChecker:
             return None
         return digest(key).hex()
 
+    def has_valid_key(self, request: Request) -> bool:
+        """Whether the request carries one of our keys (never raises): what decides whether a
+        reader sees validation errors and dataset names."""
+        return self.valid_key_digest(request) is not None
+
     async def __call__(self, request: Request) -> None:  # async: runs inline, not in a thread pool
         key = presented_key(request)
         path = request.url.path
@@ -140,9 +145,8 @@ async def open_access() -> None:
 
 
 def has_valid_key(request: Request) -> bool:
-    """Whether the request carries one of the server's API keys (never raises): what decides
-    whether a reader sees validation errors and dataset names."""
-    return request.app.state.keys.valid_key_digest(request) is not None
+    """``KeyChecker.has_valid_key`` with the app's checker."""
+    return request.app.state.keys.has_valid_key(request)
 
 
 def client_identity(request: Request, keys: KeyChecker) -> str:

@@ -40,7 +40,6 @@ from fastapi.responses import RedirectResponse, Response
 from jinja2 import Environment, PackageLoader
 
 from .. import __version__
-from ..api.auth import has_valid_key
 from ..engine.activations import ACTIVATION_NAMES, SMOOTH_ACTIVATIONS
 from ..engine.sparse_eoc import CLIPPED_KINDS, SPARSE_KINDS
 from ..engine.templates import describe_templates
@@ -52,6 +51,13 @@ from . import views
 from .assets import IMMUTABLE, Asset, accepts_gzip, dashboard_assets, respond
 
 log = logging.getLogger("sigprop")
+
+
+def has_valid_key(request: Request) -> bool:
+    # the app's key checker, from its state: the dashboard does not import the API that mounts it
+    return request.app.state.keys.has_valid_key(request)
+
+
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PAGE_SIZES = (25, 50, 100, 200)
