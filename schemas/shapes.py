@@ -13,7 +13,7 @@ import math
 from .errors import SigpropError
 from .graph import Graph
 
-__all__ = ["ARITY", "SUM_WEIGHT_TOLERANCE", "node_shape", "infer_shapes"]
+__all__ = ["ARITY", "SUM_WEIGHT_TOLERANCE", "check_arity", "node_shape", "infer_shapes"]
 
 # (fewest, most) inputs; None: no upper bound. Every op not listed takes exactly one.
 ARITY = {"input": (0, 0), "sum": (2, None), "concat": (2, None)}
@@ -147,6 +147,15 @@ def node_shape(nd, in_shapes: list[Shape]) -> Shape:
     return in_shapes[0]  # activation, dropout, identity, output
 
 
+def check_arity(nd) -> None:
+    """Raise ``invalid_graph`` unless the node has as many inputs as its op takes (``ARITY``)."""
+    lo, hi = ARITY.get(nd.op, (1, 1))
+    k = len(nd.inputs)
+    if k < lo or (hi is not None and k > hi):
+        want = f"{lo}" if lo == hi else f"at least {lo}"
+        raise _invalid(f"node '{nd.id}' ({nd.op}) has {k} inputs", f"op '{nd.op}' takes {want} input(s)")
+
+
 def _check_wiring(graph: Graph) -> str:
     """Ids, arity and edges of every node (dead ones too); returns the output node's id."""
     outputs = [nd.id for nd in graph.nodes if nd.op == "output"]
@@ -160,11 +169,7 @@ def _check_wiring(graph: Graph) -> str:
     for nd in graph.nodes:
         if nd.id in earlier:
             raise _invalid(f"node id '{nd.id}' is used twice", "give every node a unique id")
-        lo, hi = ARITY.get(nd.op, (1, 1))
-        k = len(nd.inputs)
-        if k < lo or (hi is not None and k > hi):
-            want = f"{lo}" if lo == hi else f"at least {lo}"
-            raise _invalid(f"node '{nd.id}' ({nd.op}) has {k} inputs", f"op '{nd.op}' takes {want} input(s)")
+        check_arity(nd)
         for src in nd.inputs:
             if src not in earlier:
                 raise _invalid(
