@@ -260,10 +260,13 @@ def _canonical_input_order(
     """Each node's inputs in canonical order, with a sum's weights permuted alongside.
 
     A structural hash of every node (its op, attributes and its inputs' hashes) orders a sum's
-    (input, weight) pairs; concat keeps its order, which fixes the channel layout.
+    (input, weight) pairs; concat keeps its order, which fixes the channel layout. A graph without
+    sums has nothing to order, and skips the hashing (most of a chain's graph-building time).
     """
     digest: dict[str, str] = {}
     ordered: dict[str, tuple[list[str], list[float] | None]] = {}
+    if not any(by_id[nid].op == "sum" for nid in topo):
+        return {nid: (list(by_id[nid].inputs), None) for nid in topo}
     for nid in topo:
         nd = by_id[nid]
         attrs = nd.model_dump(exclude={"id", "inputs", "weights"})
