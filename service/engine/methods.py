@@ -31,7 +31,7 @@ from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, spar
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
-from .qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
+from .qc_maps import HermiteCMap, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats
 from .subnetworks import SubnetworkProgram
 
 
@@ -137,6 +137,8 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
     grid = _c_grid(m.request.c_map_points)
     local = lambda c, _slot: leaky_relu_c_map(c, a)  # noqa: E731
     relu = lambda c, _slot: leaky_relu_c_map(c, 0.0)  # noqa: E731
+    scalar = lambda c, _slot: leaky_relu_c_map_scalar(c, a)  # noqa: E731
+    global_at = program.global_map(np.append(grid, 0.0), local)  # the sample grid and c = 0 in one pass
     return Solution(
         **m.common(),
         negative_slope=a,
@@ -144,7 +146,7 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
         sigma_w2=1.0,
         sigma_b2=0.0,
         c_f_0=float(tat.max_c_value(program, a)),
-        network_c_f_0=float(program.global_map(0.0, local)),
+        network_c_f_0=float(global_at[-1]),
         q_1=st.q_1,
         q_slope_1=st.q_slope_1,
         local_c_0=st.c_0,
@@ -152,13 +154,13 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
         chi_1=st.c_slope_1,
         c_map=CMapSample(
             c=grid.tolist(),
-            global_=program.global_map(grid, local).tolist(),
+            global_=global_at[:-1].tolist(),
             local=local(grid, 0).tolist(),
             untransformed=program.global_map(grid, relu).tolist(),
         ),
         jacobian=jacobian.summary(graph, act),
         layers=layer_inits(graph, m.request.init),
-        warnings=_warnings_for(graph, m.report) + _maximizer_note(program, 0.0, local),
+        warnings=_warnings_for(graph, m.report) + _maximizer_note(program, 0.0, scalar),
     )
 
 

@@ -19,6 +19,7 @@ equation 9.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,8 +104,6 @@ def leaky_relu_c_map(c, negative_slope):
 
 def leaky_relu_c_map_scalar(c: float, negative_slope: float) -> float:
     """Scalar fast path of ``leaky_relu_c_map`` for the solver's inner loop."""
-    import math
-
     c = min(1.0, max(-1.0, c))
     a = negative_slope
     return c + (1.0 - a) ** 2 / (math.pi * (1.0 + a * a)) * (math.sqrt(1.0 - c * c) - c * math.acos(c))

@@ -72,10 +72,10 @@ class SubnetworkProgram:
 
     def argmax(self, x: float, r: LocalMap) -> str:
         """A readable name of the subnetwork that attains M_{f,r}(x)."""
-        whole = float(self.global_map(x, r))
-        best, name = whole, "the whole network"
-        for g in self.groups:
-            vals = self._run(g, x, r)
+        whole = self._run(self.groups[0], x, r)  # group 0 is the whole network's: U_{f,r}(x) too
+        best, name = float(whole[self.output]), "the whole network"
+        for i, g in enumerate(self.groups):
+            vals = whole if i == 0 else self._run(g, x, r)
             for t in g.endpoints:
                 if vals[t] > best * (1 + 1e-12) + 1e-15:
                     best = vals[t]
