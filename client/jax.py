@@ -15,9 +15,14 @@ Three things an answer tells a model, each usable on its own:
   style) from an answer, given which param path each answer layer id is, and report what changed
   and what was not covered.
 
+- :func:`graph_from_flax` -- the graph of a ``flax.linen`` module and the answer-id -> params-path
+  mapping that :func:`apply_to_params` takes (``jax_extraction``: read off the jaxpr); and
+  :func:`diagnose`, per-node q and c of the applied Flax model against the answer.
+
 Layouts are JAX's: dense kernels ``[in, out]``, conv kernels ``[kh, kw, in, out]`` (any number
 of spatial axes first, input and output channels last), as in ``flax.linen.Dense`` / ``Conv`` and
-``haiku.Linear`` / ``Conv2D``. Nothing here imports flax or haiku.
+``haiku.Linear`` / ``Conv2D``. Nothing here imports flax or haiku (``graph_from_flax`` takes a
+Flax module but only calls its ``init`` / ``apply``).
 
 jax is an optional dependency: ``pip install 'sigprop[jax]'``.
 """
@@ -37,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from sigprop.schemas import LayerInit, Solution
+from sigprop.schemas import LayerInit
 from sigprop.schemas.activations import (
     ACTIVATION_NAMES,
     CATALOGUE,
@@ -52,6 +57,7 @@ __all__ = [
     "Initializer",
     "ParamChange",
     "ApplyReport",
+    "NothingApplied",
     "activation_fn",
     "transformed_activation",
     "scaled_uniform_orthogonal",
@@ -60,6 +66,9 @@ __all__ = [
     "initializer_for",
     "bias_initializer_for",
     "apply_to_params",
+    "graph_from_flax",
+    "diagnose",
+    "input_pair",
 ]
 
 from .jax_initializers import (  # noqa: E402 - after the JAX import check above
@@ -71,6 +80,7 @@ from .jax_initializers import (  # noqa: E402 - after the JAX import check above
     scaled_uniform_orthogonal,
     zeros,
 )
+from .solution import as_solution  # noqa: E402 - after the JAX import check above
 
 PathLike = str | Sequence[Any]
 
@@ -179,16 +189,6 @@ def activation_fn(name: str, **params: float) -> Callable[[jax.Array], jax.Array
     return fn
 
 
-def _solution(solution) -> Solution:
-    if isinstance(solution, Solution):
-        return solution
-    if isinstance(solution, (str, bytes)):
-        return Solution.model_validate_json(solution)
-    if isinstance(solution, Mapping):
-        return Solution.model_validate(dict(solution))
-    raise TypeError(f"expected a sigprop Solution (or its JSON / dict), got {type(solution).__name__}")
-
-
 def transformed_activation(solution, name: str | None = None) -> Callable[[jax.Array], jax.Array]:
     """``phi_hat(x) = output_scale * (phi(input_scale * x + input_shift) + output_shift)``.
 
@@ -199,7 +199,7 @@ def transformed_activation(solution, name: str | None = None) -> Callable[[jax.A
     geometric answer this is plain ``phi``. The result is a pure function of an array: use it
     under ``jax.jit``, ``jax.grad``, ``jax.vmap``. Computation stays in the input's dtype.
     """
-    sol = _solution(solution)
+    sol = as_solution(solution)
     sol = sol.for_function(name) if name is not None else sol  # a mixed graph's answer: that function's entry
     act_name = name if name is not None else sol.activation
     key = _canonical(act_name)
@@ -222,7 +222,7 @@ def transformed_activation(solution, name: str | None = None) -> Callable[[jax.A
 
 def transformed_activations(solution, graph: Mapping) -> dict[str, Callable[[jax.Array], jax.Array]]:
     """Graph id -> phi_hat of that activation node (its ``fn``'s entry in ``Solution.activations``, else the top)."""
-    sol = _solution(solution)
+    sol = as_solution(solution)
     fns = {nd["id"]: nd.get("fn") or sol.activation for nd in graph["nodes"] if nd["op"] == "activation"}
     return {gid: transformed_activation(sol, fn) for gid, fn in fns.items()}
 
@@ -299,6 +299,40 @@ class ApplyReport:
             lines.append(f"  shape mismatch: layer {lid!r} -> {'/'.join(map(str, path))} {shape}: {why}")
         lines.extend(f"  warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+
+class NothingApplied(ValueError):
+    """:func:`apply_to_params` would change no leaf: nothing in ``mapping`` matched a kernel it
+    could initialize. ``report`` is the :class:`ApplyReport`; the message names what matched nothing."""
+
+    def __init__(self, report: ApplyReport, n_layers: int, n_mapped: int):
+        self.report = report
+        super().__init__("apply_to_params changed nothing: " + "; ".join(_nothing_reasons(report, n_layers, n_mapped)))
+
+
+def _nothing_reasons(report: ApplyReport, n_layers: int, n_mapped: int) -> list[str]:
+    """Why no leaf changed, most telling first."""
+
+    def shown(ids) -> str:
+        ids = list(ids)
+        return ", ".join(map(repr, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+
+    reasons = []
+    if n_layers == 0:
+        reasons.append("the answer lists no layers")
+    if n_mapped == 0:
+        reasons.append("the mapping is empty")
+    if report.unknown_ids:
+        reasons.append(f"mapping ids that are not layers of the answer: {shown(report.unknown_ids)}")
+    if report.not_found:
+        found = [f"{lid} -> {'/'.join(map(str, path))} ({why})" for lid, path, why in report.not_found]
+        reasons.append(f"paths that name no kernel in the params tree: {shown(found)}")
+    if report.shape_mismatches:
+        bad = [f"{lid} -> {'/'.join(map(str, path))} {list(shape)}" for lid, path, shape, _ in report.shape_mismatches]
+        reasons.append(f"kernels whose shape disagrees with the answer's layer: {shown(bad)}")
+    if report.unmapped_layers and n_mapped:
+        reasons.append(f"answer layers the mapping does not name: {shown(report.unmapped_layers)}")
+    return reasons or ["no mapped layer reached a kernel"]
 
 
 _MISSING = object()
@@ -473,9 +507,12 @@ def apply_to_params(
 
     The input tree is never modified. Kernels whose fan-in / fan-out disagree with the answer's
     layer are left untouched and reported; so are unknown ids, missing paths and kernels of the
-    tree that no layer covered (see :class:`ApplyReport`).
+    tree that no layer covered (see :class:`ApplyReport`). When nothing at all would change (every
+    mapped id unknown, every path missing or mismatched, an empty mapping), it raises
+    :class:`NothingApplied` naming what matched nothing: returning the untouched tree with a report
+    nobody reads would leave the model at its old initialization without a word.
     """
-    sol = _solution(solution)
+    sol = as_solution(solution)
     layers = {layer.id: layer for layer in sol.layers}
     if mapping is None:
         mapping = {lid: lid for lid in layers}
@@ -518,4 +555,11 @@ def apply_to_params(
         new = _set_bias(new, params, layer, resolved, bpath, bkey, report)
 
     report.uncovered_kernels = [p for p in _leaf_paths(params, tuple(kernel_names)) if p not in covered]
+    if not report.changed:
+        raise NothingApplied(report, len(layers), len(mapping))
     return new, report
+
+
+# Flax extraction and diagnostics live in ``jax_extraction``; imported last, since it uses the
+# activation catalogue above.
+from .jax_extraction import diagnose, graph_from_flax, input_pair  # noqa: E402

@@ -16,7 +16,10 @@ traceable: no data-dependent Python control flow) and runs shape propagation on
 ``example_input`` to get every tensor's shape. Node ids are the module qualified names for module
 calls (``net.3``, ``layer1.0.conv1``) and the fx node names otherwise (``x``, ``add_1``, ``output``).
 
-``apply`` rewrites a copy of the model (``inplace=False``, the default) with torch.fx:
+``apply`` rewrites a copy of the model (``inplace=False``, the default) with torch.fx; with
+``inplace=True`` the model itself becomes the solved network where every change is a module swap at
+the module's own path, and otherwise it raises ValueError naming what only the rewritten copy can
+change (adds and activations written in ``forward``), leaving the model untouched:
 
 * every activation becomes a :class:`TransformedActivation`
   ``output_scale * (phi(input_scale * x + input_shift) + output_shift)`` of the answer's activation
@@ -33,13 +36,20 @@ calls (``net.3``, ``layer1.0.conv1``) and the fx node names otherwise (``x``, ``
 Ops the graph cannot express stay in the rewritten model exactly as they were (they were identities
 for the solve) and are reported.
 
+``apply(..., residual="recommended")`` weights the residual adds with the answer's
+``jacobian.recommended`` shortcut and branch weights instead of the graph's.
+
+:func:`diagnose` measures an applied model's per-node q and c on a pair of inputs at a known cosine
+and sets them beside the answer's prediction (``sigprop.client.diagnosis``).
+
 The :class:`ApplyReport` lists every change and everything that was *not* done: layers in the
 answer with no module in the model, weighted modules the answer does not cover (normalization
 layers kept under ``allow_unsupported``, modules never called in ``forward``), and notes.
 
 The package: ``modules`` (:class:`TransformedActivation`, :class:`NormalizedSum`, which torch
 modules compute which catalogue activation), ``ops`` (what each traced torch op is in the graph),
-``extraction`` (:func:`graph_from_module`), ``apply`` (:func:`apply` and its report).
+``extraction`` (:func:`graph_from_module`), ``apply`` (:func:`apply` and its report), ``diagnose``
+(:func:`diagnose`), ``convert`` (:func:`normalization_free`).
 
 Importing this package needs PyTorch: ``pip install 'sigprop[torch]'``. It imports nothing of the
 service: what it shares with it (the activation catalogue, the graph's shape rules, the wire
@@ -58,11 +68,14 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
 
 from .apply import ActivationChange, ApplyReport, LayerChange, SumChange, apply
 from .convert import ConvertReport, normalization_free
+from .diagnose import diagnose, input_pair
 from .extraction import graph_from_module
 from .modules import ACTIVATION_FUNCTIONS, NormalizedSum, TransformedActivation, activation_function, native_module
 
 __all__ = [
     "graph_from_module",
+    "diagnose",
+    "input_pair",
     "normalization_free",
     "ConvertReport",
     "apply",

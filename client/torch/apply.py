@@ -11,6 +11,7 @@ import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.fx
@@ -19,6 +20,7 @@ from torch import nn
 from ...schemas.activations import canonical_name
 from ...schemas.errors import SigpropError
 from ...schemas.solve import LayerInit, Solution
+from ..solution import as_solution
 from .extraction import Entry, Extraction, extract
 from .modules import NormalizedSum, TransformedActivation
 
@@ -53,6 +55,7 @@ class SumChange:
     was: str
     weights: list[float]
     residual_beta: str | None = None  # "x + beta/sqrt(L) F(x)" description when the answer asks for it
+    source: str = "graph"  # where the weights come from: "graph" (the solved graph) or "jacobian.recommended"
 
 
 @dataclass
@@ -62,6 +65,7 @@ class ApplyReport:
     model: nn.Module
     method: str
     activation: str
+    residual: str = "graph"  # the residual adds' weights: "graph" (as solved) or "recommended" (jacobian)
     activations: list[ActivationChange] = field(default_factory=list)
     layers: list[LayerChange] = field(default_factory=list)
     sums: list[SumChange] = field(default_factory=list)
@@ -87,7 +91,9 @@ class ApplyReport:
             for c in self.layers
         ]
         lines += [
-            f"  sum {c.id}: {c.was} -> " + (c.residual_beta or f"weights {[round(w, 6) for w in c.weights]}")
+            f"  sum {c.id}: {c.was} -> "
+            + (c.residual_beta or f"weights {[round(w, 6) for w in c.weights]}")
+            + (f" ({c.source})" if c.source != "graph" else "")
             for c in self.sums
         ]
         lines += [f"  MISSING: answer layer '{i}' has no module in the model" for i in self.missing_layers]
@@ -95,16 +101,6 @@ class ApplyReport:
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
-
-
-def _as_solution(solution) -> Solution:
-    if isinstance(solution, Solution):
-        return solution
-    if isinstance(solution, (str, bytes)):
-        return Solution.model_validate_json(solution)
-    if isinstance(solution, Mapping):
-        return Solution.model_validate(dict(solution))
-    raise TypeError(f"solution must be a Solution, its JSON or a dict, not {type(solution).__name__}")
 
 
 def _example_from_graph(graph: dict, model: nn.Module) -> torch.Tensor:
@@ -197,6 +193,11 @@ class _Rewrite:
             if node.op == "call_module":
                 self.module_uses[node.target] = self.module_uses.get(node.target, 0) + 1
         self.replaced: dict = {}  # fx nodes erased by the rewrite -> the nodes that took their place
+        # module paths swapped in place, and changes that only the GraphModule can make (an add or an
+        # activation written in forward's code, an inserted multiplier): apply(inplace=True) needs
+        # the latter empty, since ``model``'s own forward cannot be rewritten
+        self.swapped: list[str] = []
+        self.out_of_place: list[str] = []
 
     def resolve(self, n):
         while n in self.replaced:
@@ -216,7 +217,9 @@ class _Rewrite:
         node = e.node
         if in_place:
             self.gm.add_submodule(node.target, module)  # replaces it in place: same path
+            self.swapped.append(node.target)
             return node.target
+        self.out_of_place.append(f"{e.gid} ({e.desc})")
         path = f"{prefix}_{node.name}"
         self.gm.add_submodule(path, module)
         with self.gm.graph.inserting_after(node):
@@ -262,14 +265,32 @@ def _sum_weights(e: Entry, wire: dict, ext: Extraction, report: ApplyReport) -> 
     return weights
 
 
-def _apply_sums(rw: _Rewrite, sol: Solution, solved_nodes: dict) -> None:
+def _recommended_weights(sol: Solution) -> tuple[float, float]:
+    """(shortcut, branch) weights of the answer's ``jacobian.recommended``, or ValueError."""
+    rec = sol.jacobian.recommended if sol.jacobian is not None else None
+    if not rec or "shortcut_weight" not in rec or "branch_weight" not in rec:
+        kind = sol.jacobian.kind if sol.jacobian is not None else "none"
+        raise ValueError(
+            "residual='recommended' needs the answer's jacobian.recommended shortcut and branch weights, which "
+            f"only residual ReLU-family graphs carry (this answer's jacobian: {kind}); use residual='graph'"
+        )
+    return float(rec["shortcut_weight"]), float(rec["branch_weight"])
+
+
+def _apply_sums(rw: _Rewrite, sol: Solution, solved_nodes: dict, residual: str) -> None:
+    recommended = _recommended_weights(sol) if residual == "recommended" else None
     rb = sol.trainable.residual_beta if sol.trainable is not None else None
     beta_sums = set(rb.sums) if rb is not None else set()
     shared_beta = nn.Parameter(torch.tensor(float(rb.init))) if rb is not None and rb.mode == "global" else None
     value = rw.ext.value
     for e in rw.entries("sum"):
         weights = _sum_weights(e, solved_nodes.get(e.gid, {}), rw.ext, rw.report)
-        beta_desc = None
+        beta_desc, source = None, "graph"
+        if recommended is not None and len(e.inputs) == 2 and e.gid not in beta_sums:
+            # the shortcut gets the shortcut weight, whichever argument of the add it is
+            sc = _shortcut_index(e.node, [rw.resolve(a) for a in e.inputs])
+            weights = [recommended[0], recommended[1]] if sc == 0 else [recommended[1], recommended[0]]
+            source = "jacobian.recommended"
         if e.gid in beta_sums and len(e.inputs) == 2:
             sc = _shortcut_index(e.node, [rw.resolve(a) for a in e.inputs])
             beta = shared_beta if shared_beta is not None else float(rb.init)
@@ -282,7 +303,16 @@ def _apply_sums(rw: _Rewrite, sol: Solution, solved_nodes: dict) -> None:
             mod = NormalizedSum(len(e.inputs), weights)
         in_place = rw.own_module(e.node) and isinstance(rw.gm.get_submodule(e.node.target), NormalizedSum)
         path = rw.put(e, "sigprop_sum", mod, in_place, e.inputs)
-        rw.report.sums.append(SumChange(e.gid, path, e.desc, list(mod.weights), beta_desc))
+        rw.report.sums.append(SumChange(e.gid, path, e.desc, list(mod.weights), beta_desc, source))
+    if recommended is not None:
+        rw.report.notes.append(
+            f"residual='recommended': residual adds weight the shortcut {recommended[0]:.6g} and the branch "
+            f"{recommended[1]:.6g} (the answer's jacobian.recommended, per-layer Jacobian paper) instead of the "
+            "solved graph's weights; the answer's C map and q predictions were solved for the graph's weights"
+        )
+        skipped = [s.id for s in rw.report.sums if s.source != "jacobian.recommended"]
+        if skipped:
+            rw.report.warnings.append(f"sums left with the graph's weights (not two-input adds): {', '.join(skipped)}")
     unmatched_beta = sorted(beta_sums - {s.id for s in rw.report.sums})
     if unmatched_beta:
         rw.report.warnings.append(f"residual-beta sums not found in the model: {', '.join(unmatched_beta)}")
@@ -335,6 +365,7 @@ def _apply_layers(rw: _Rewrite, sol: Solution, generator: torch.Generator | None
             with rw.gm.graph.inserting_after(node):
                 scaled = rw.gm.graph.call_function(operator.mul, (node, float(alpha)))
             node.replace_all_uses_with(scaled, delete_user_cb=lambda u, s=scaled: u is not s)
+            rw.out_of_place.append(f"the multiplier alpha = {alpha:.6g} after '{layer.id}'")
         rw.report.layers.append(
             LayerChange(
                 layer.id,
@@ -351,9 +382,11 @@ def _apply_layers(rw: _Rewrite, sol: Solution, generator: torch.Generator | None
     return set(done_modules)
 
 
-def _apply_output(gm: torch.fx.GraphModule, sol: Solution, report: ApplyReport) -> None:
+def _apply_output(rw: _Rewrite, sol: Solution) -> None:
     """The output multiplier, and notes on what the caller must do."""
+    gm, report = rw.gm, rw.report
     if sol.logits_scale is not None and sol.logits_scale != 1.0:
+        rw.out_of_place.append(f"the output multiplier logits_scale = {sol.logits_scale:.6g}")
         out = next(n for n in gm.graph.nodes if n.op == "output")
         src = out.args[0]
         with gm.graph.inserting_before(out):
@@ -405,6 +438,37 @@ def _graph_mismatch(solved_nodes: dict, ext: Extraction) -> str | None:
     )
 
 
+def _commit_in_place(model: nn.Module, target: nn.Module, rw: _Rewrite) -> None:
+    """Make ``model`` itself compute the rewritten network ``rw.gm`` built on its copy ``target``.
+
+    Only called when every change was a module swap at the module's own path: the re-initialized
+    parameters are copied into ``model``'s tensors (so optimizers and references to them stay
+    valid), then each swapped module is set at its path in ``model``."""
+    swapped = set(rw.swapped)
+    state = {
+        k: v for k, v in target.state_dict(keep_vars=False).items() if not any(k.startswith(p + ".") for p in swapped)
+    }
+    with torch.no_grad():
+        own = model.state_dict(keep_vars=True)
+        for k, v in state.items():
+            own[k].copy_(v)
+    for path in rw.swapped:
+        model.set_submodule(path, rw.gm.get_submodule(path))
+
+
+def _refuse_in_place(rw: _Rewrite) -> None:
+    """ValueError naming what ``model``'s own forward code computes and the rewrite cannot reach."""
+    shown = "; ".join(rw.out_of_place[:8]) + (
+        f"; and {len(rw.out_of_place) - 8} more" if len(rw.out_of_place) > 8 else ""
+    )
+    raise ValueError(
+        "apply(inplace=True) cannot make the model itself compute the solved network: these changes live in its "
+        f"forward code, which only the rewritten GraphModule changes: {shown}. Use inplace=False (the default) "
+        "and train report.model; inplace=True works when every activation and sum is a module of its own "
+        "(nn.ReLU, sigprop's NormalizedSum) called once. The model was left unchanged"
+    )
+
+
 def apply(
     model: nn.Module,
     solution,
@@ -413,24 +477,38 @@ def apply(
     example_input: torch.Tensor | None = None,
     inplace: bool = False,
     seed: int | None = None,
+    residual: Literal["graph", "recommended"] = "graph",
 ) -> ApplyReport:
     """Rewrite ``model`` as ``solution`` (an answer of ``POST /v1/solve`` for ``graph_from_module(model)``) says.
 
-    Works on a deep copy unless ``inplace=True`` (then the parameters of ``model`` itself are
-    re-initialized and the returned GraphModule shares them). ``graph`` is the graph that was
-    solved (its sum weights are used; default: extracted again); ``example_input`` is needed for
-    shape propagation (default: a random batch of the graph's input shape). ``seed`` makes the
-    re-initialization reproducible. Returns an :class:`ApplyReport`; ``report.model`` is the
-    rewritten ``torch.fx.GraphModule`` to train.
+    Works on a deep copy and returns the rewritten ``torch.fx.GraphModule`` as ``report.model``.
+    ``inplace=True`` makes ``model`` itself compute the solved network instead (``report.model``
+    is then ``model``): its activation and sum modules are swapped at their own paths and its
+    parameters re-initialized in place, so its class, ``state_dict`` keys and existing references
+    to its parameters stay. That is only possible when every change is such a swap; an add or an
+    activation written in ``forward``'s code (``out + x``, ``F.relu``), a module called at several
+    places, or an inserted multiplier (geometric ``alpha``, ``logits_scale``) can only be changed
+    in the GraphModule, so then ``inplace=True`` raises ValueError naming them and leaves
+    ``model`` untouched (re-initializing its weights while its ReLUs and plain adds stay would give
+    a network that is neither the old one nor the solved one).
+
+    ``graph`` is the graph that was solved (its sum weights are used; default: extracted again);
+    ``example_input`` is needed for shape propagation (default: a random batch of the graph's input
+    shape). ``seed`` makes the re-initialization reproducible. ``residual="recommended"`` weights
+    every two-input add with the answer's ``jacobian.recommended`` shortcut and branch weights
+    (the per-layer-Jacobian paper's scaling for this depth and width) instead of the solved graph's;
+    the report's sums and notes say so (ValueError when the answer carries no recommendation).
     """
-    sol = _as_solution(solution)
-    target = model if inplace else copy.deepcopy(model)
+    if residual not in ("graph", "recommended"):
+        raise ValueError(f"residual must be 'graph' or 'recommended', not {residual!r}")
+    sol = as_solution(solution)
+    target = copy.deepcopy(model)
     if example_input is None:
         if graph is None:
             raise ValueError("apply needs example_input or the graph the answer was solved for")
         example_input = _example_from_graph(dict(graph), target)
     ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
-    report = ApplyReport(model=ext.gm, method=sol.method, activation=sol.activation)
+    report = ApplyReport(model=ext.gm, method=sol.method, activation=sol.activation, residual=residual)
     report.warnings.extend(f"not applied: {w}" for w in ext.warnings)
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
     solved_nodes = {nd["id"]: nd for nd in (dict(graph) if graph is not None else ext.graph).get("nodes", [])}
@@ -440,9 +518,9 @@ def apply(
 
     rw = _Rewrite(ext, report)
     _apply_activations(rw, sol, solved_nodes)
-    _apply_sums(rw, sol, solved_nodes)
+    _apply_sums(rw, sol, solved_nodes, residual)
     initialized = _apply_layers(rw, sol, generator)
-    _apply_output(ext.gm, sol, report)
+    _apply_output(rw, sol)
     _report_uncovered(target, ext, initialized, report)
 
     gm = ext.gm
@@ -450,4 +528,9 @@ def apply(
     gm.delete_all_unused_submodules()
     gm.recompile()
     gm.train(model.training)
+    if inplace:
+        if rw.out_of_place:
+            _refuse_in_place(rw)
+        _commit_in_place(model, target, rw)
+        report.model = model
     return report
