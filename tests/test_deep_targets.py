@@ -97,9 +97,14 @@ def test_near_linear_curvature_targets_solve(activation, curvature):
     assert abs(q - 1) < 1e-9 and abs(slope - 1) < 1e-9 and abs(curv / curvature - 1) < 1e-7
 
 
-def test_sigmoid_has_no_stable_near_linear_root():
-    """sigmoid' <= 1/4, so a nearly linear transform needs input_scale * output_scale >= 4 > 2: the
-    unreachable answer is true, and it says so after rejecting the unstable roots."""
-    with pytest.raises(Exception) as err:
-        solve_transform(get_activation("sigmoid"), c_slope_1=1.0, c_curv_1=2e-7)
-    assert err.value.code == "unreachable_target"
+def test_sigmoid_near_linear_root_is_the_mirrored_one_as_dks_would_accept():
+    """sigmoid' <= 1/4, so a nearly linear transform needs |input_scale * output_scale| >= 4. The
+    reference's stability rule (input_scale * output_scale < 2, signed) rejects every such root with a
+    positive input scale and accepts the mirrored one (sigmoid(-u) = 1 - sigmoid(u)), as dks does for
+    negative input scales elsewhere; that root meets every condition."""
+    sol = solve_transform(get_activation("sigmoid"), c_slope_1=1.0, c_curv_1=2e-7)
+    p = sol.params
+    assert p["input_scale"] < 0 and p["input_scale"] * p["output_scale"] <= -4
+    assert sol.rejected > 0  # the positive-scale twins were found and refused
+    q, slope, curv = _independent_local_stats(get_activation("sigmoid"), p)
+    assert abs(q - 1) < 1e-9 and abs(slope - 1) < 1e-9 and abs(curv / 2e-7 - 1) < 1e-7

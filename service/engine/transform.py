@@ -7,12 +7,11 @@ and by DKS (Q'(1) = 1, C'(1) = the local slope target, C(0) = 0, which fixes del
 
 Like the reference dks package, the nonlinear system is handed to MINPACK's hybrid Powell method
 from a fixed, deterministic sequence of starting points (the same ones, in the same order, so the
-same root is chosen), and roots with |input_scale * output_scale| >= 2 are rejected: the reference
-observed those to have unstable Q maps and larger kernel approximation errors. dks compares the
-signed product; sigprop takes its magnitude, because the near-linear search also meets mirrored
-roots (input_scale < 0), and phi(-a x + b) is the same transformation as phi(a x - b) for an odd
-or point-symmetric phi (sigmoid(-u) = 1 - sigmoid(u)): a mirrored root is no more stable than its
-twin. dks's own starting points keep input_scale >= 0, where the two tests agree.
+same root is chosen), and roots with input_scale * output_scale >= 2 are rejected: the reference
+observed those to have unstable Q maps and larger kernel approximation errors. The product is
+signed, as in dks: a root with a negative input scale passes whatever its magnitude (dks accepts
+such roots, e.g. softsign under DKS at zeta 1.5 on a 3-layer MLP, and sigprop gives the same
+answer).
 """
 
 from __future__ import annotations
@@ -207,7 +206,7 @@ def solve_transform(
                 params, res = _polish(near, counted(near.residuals), to_reference(found), c_0)
                 if params is None or not _accept(res, near.t, c_curv_1):
                     continue
-                if abs(params["input_scale"] * params["output_scale"]) >= UNSTABLE_PRODUCT:
+                if params["input_scale"] * params["output_scale"] >= UNSTABLE_PRODUCT:
                     rejected += 1
                     continue
                 return TransformSolution(
