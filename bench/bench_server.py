@@ -19,6 +19,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# the bare app's route: FastAPI reads the annotation by name (this module has postponed annotations)
+from fastapi import Request as _Request
+from fastapi import Response
+
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -125,6 +129,77 @@ class Server:
         except (ProcessLookupError, PermissionError):
             pass
         self.log.close()
+
+
+class BareServer(Server):
+    """The baseline of the hit-path ratio: a bare FastAPI app whose only route, ``POST /v1/solve``,
+    reads the body, parses nothing and returns fixed answer bytes, under the uvicorn options
+    ``sigprop serve`` runs with (``sigprop.api.server.uvicorn_options``: workers, parser, event
+    loop, TCP_NODELAY). What it answers per second is the most the serving stack allows."""
+
+    def __init__(self, workers: int, answer: bytes, key: str, log_path: Path):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        answer_path = log_path.with_suffix(".answer")
+        answer_path.write_bytes(answer)
+        env = {**os.environ, "BENCH_BARE_ANSWER": str(answer_path), "BENCH_BARE_KEY": key}
+        code = f"import bench_server; bench_server.serve_bare({self.port}, {workers})"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT / "bench",
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the bare server exited with status {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if http("POST", self.base + "/v1/solve", {})[0] == 200:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"the bare server is not up after {timeout_s:g} s:\n{self.log_tail()}")
+
+
+def bare_app():
+    """The bare baseline app (``BareServer``): the same answer bytes and key header as a cache hit."""
+    from fastapi import FastAPI
+
+    answer = Path(os.environ["BENCH_BARE_ANSWER"]).read_bytes()
+    headers = {"X-Sigprop-Key": os.environ["BENCH_BARE_KEY"]}
+    app = FastAPI()
+
+    @app.post("/v1/solve")
+    async def solve(request: _Request):
+        await request.body()
+        return Response(answer, media_type="application/json", headers=headers)
+
+    return app
+
+
+def serve_bare(port: int, workers: int) -> None:
+    import uvicorn
+
+    from sigprop.api.server import uvicorn_options
+
+    uvicorn.run(
+        "bench_server:bare_app",
+        factory=True,
+        app_dir=str(ROOT / "bench"),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        **uvicorn_options(workers),
+    )
 
 
 def cache_counts(server: Server) -> dict[str, float]:

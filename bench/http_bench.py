@@ -7,6 +7,12 @@ Run from the repository root (needs the load tool wrk, Debian package ``wrk``, a
     .venv/bin/python bench/http_bench.py --duration 5    # shorter runs
     .venv/bin/python bench/http_bench.py --profile       # then py-spy the workers under cache hits
 
+First, the hit ratio (``--ratio-only``: nothing else): cache hits of ``sigprop serve`` against a
+bare FastAPI app whose one route reads the body and returns the same answer bytes, served by the
+same uvicorn options (``sigprop.api.server.uvicorn_options``: workers, parser, event loop,
+TCP_NODELAY), wrk -t2 -c8, alternating ``--ratio-runs`` times (default 2) each; it prints their
+requests/s, the ratio (goal >= 0.8) and sigprop's hit p50 at 8 connections (goal < 3 ms).
+
 The script starts ``sigprop serve --workers 2`` on a free loopback port with
 ``SIGPROP_REDIS_URL=redis://127.0.0.1:6379/13`` (database 13 is flushed first), waits for
 ``/readyz``, and runs wrk (``--latency``, a Lua script for the POST body) against:
@@ -39,17 +45,30 @@ import json
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # bench/ is the script's folder on sys.path; load_test.py imports the server and wrk helpers from here too
-from bench_server import LOOPBACK, Server, _flush, _stored, cache_counts, check, free_port, http  # noqa: E402, F401
+from bench_server import (  # noqa: E402, F401
+    _OPENER,
+    LOOPBACK,
+    BareServer,
+    Server,
+    _flush,
+    _stored,
+    cache_counts,
+    check,
+    free_port,
+    http,
+)
 from profiling import PROFILE_CATEGORIES, categorize, profile_hits  # noqa: E402, F401
 from report import fmt_t, machine, sigprop_state, table  # noqa: E402
 from wrk import (  # noqa: E402, F401
@@ -70,6 +89,8 @@ from sigprop.schemas.graph import Template  # noqa: E402
 
 HIT_P50_GOAL_S = 0.005  # goal: a cache hit answers in under 5 ms (median) ...
 HIT_RPS_GOAL = 1000.0  # ... and the service sustains at least 1,000 hits per second
+RATIO_GOAL = 0.8  # hits/s of sigprop serve over the bare app's requests/s, same uvicorn options
+RATIO_P50_GOAL_S = 0.003  # and a hit's median at 8 connections
 
 MLP = {"template": "mlp", "depth": 100, "width": 512}
 HIT_REQUEST = {"graph": MLP, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.9}}
@@ -123,6 +144,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="then py-spy the workers under cache hits (needs py-spy: .venv/bin/pip install py-spy)",
     )
+    ap.add_argument("--ratio-runs", type=int, default=2, help="alternating wrk runs of each server (hit ratio)")
+    ap.add_argument("--ratio-only", action="store_true", help="only the hit ratio against the bare app")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "http_bench.md"))
     return ap.parse_args(argv)
 
@@ -250,15 +273,73 @@ def run_cases(server: Server, args, tmp: Path, results: list[tuple], notes: list
     hit_body = json.dumps(HIT_REQUEST, separators=(",", ":"))
     raw_body = json.dumps(raw, separators=(",", ":"))
 
-    cases = build_cases(args, raw, hit_body, raw_body)
-    workers = server.pids()
-    for i, case in enumerate(cases):
-        results.append(run_case(server, url, args, tmp, i, case, workers, notes))
+    notes.append(hit_ratio(server, url, args, tmp))
+    if not args.ratio_only:
+        cases = build_cases(args, raw, hit_body, raw_body)
+        workers = server.pids()
+        for i, case in enumerate(cases):
+            results.append(run_case(server, url, args, tmp, i, case, workers, notes))
     notes.append(f"answer size {answer_bytes / 1000:.1f} KB (the 100-layer answer carries per-layer initializations)")
     if args.profile:
         print("  profiling the workers under cache hits ...", file=sys.stderr)
         return profile_hits(server, url, lua_fixed(HIT_REQUEST), args, tmp)
     return ""
+
+
+def hit_bytes(url: str) -> tuple[bytes, str]:
+    """The exact bytes (and key header) of a cache hit's answer: what the bare app returns."""
+    req = urllib.request.Request(
+        url, data=json.dumps(HIT_REQUEST).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with _OPENER.open(req, timeout=30) as r:
+        return r.read(), r.headers.get("X-Sigprop-Key", "")
+
+
+def hit_ratio(server: Server, url: str, args, tmp: Path) -> str:
+    """Cache hits of ``sigprop serve`` against a bare FastAPI app returning the same bytes from the
+    same uvicorn options, wrk -t2 -c8, alternating (sigprop, bare, sigprop, bare, ...) so that a
+    change in the machine's load touches both; returns the table with the ratio and hit p50."""
+    answer, key = hit_bytes(url)
+    bare = BareServer(args.workers, answer, key, tmp / "bare.log")
+    runs: dict[str, list[WrkResult]] = {"sigprop serve": [], "bare FastAPI": []}
+    try:
+        bare.wait_ready()
+        lua = lua_fixed(HIT_REQUEST)
+        for i in range(args.ratio_runs):
+            for name, base in (("sigprop serve", server.base), ("bare FastAPI", bare.base)):
+                print(f"  hit ratio: {name}, run {i + 1} ...", end="", flush=True, file=sys.stderr)
+                res = run_wrk(base + "/v1/solve", lua, args, tmp, f"ratio{i}", 2, 8)
+                print(f" {res.rps:.0f} requests/s, p50 {fmt_t(res.pct.get(50))}", file=sys.stderr)
+                runs[name].append(res)
+    finally:
+        bare.stop()
+    return ratio_report(runs)
+
+
+def ratio_report(runs: dict[str, list[WrkResult]]) -> str:
+    rows = []
+    for name, results in runs.items():
+        rows.append(
+            [
+                name,
+                ", ".join(f"{r.rps:,.0f}" for r in results),
+                f"{statistics.mean(r.rps for r in results):,.0f}",
+                ", ".join(fmt_t(r.pct.get(50)) for r in results),
+                str(sum(r.errors for r in results)),
+            ]
+        )
+    ours, bare = (statistics.mean(r.rps for r in rs) for rs in runs.values())
+    ratio = ours / bare if bare else 0.0
+    # each sigprop run over the bare run right after it: the machine's load drifts less within a pair
+    pairs = [a.rps / b.rps for a, b in zip(*runs.values(), strict=False) if b.rps]
+    p50 = statistics.median(r.pct.get(50, 1e9) for r in runs["sigprop serve"])
+    verdict = "PASS" if ratio >= RATIO_GOAL and p50 < RATIO_P50_GOAL_S else "MISS"
+    t = table(["server (wrk -t2 -c8, alternating)", "requests/s per run", "mean", "p50 per run", "errors"], rows, {2})
+    return (
+        f"hit ratio against the serving stack:\n\n{t}\n\nratio {ratio:.2f} of the means (goal >= {RATIO_GOAL}; "
+        f"per pair: {', '.join(f'{p:.2f}' for p in pairs)}), sigprop hit "
+        f"p50 at 8 connections {fmt_t(p50)} (goal < {fmt_t(RATIO_P50_GOAL_S)}): {verdict}\n"
+    )
 
 
 RESULT_HEADERS = [
@@ -331,19 +412,19 @@ def nagle_hint(results: list[tuple]) -> str:
 def report(env: str, results: list[tuple], notes: list[str], profile: str, out_path: str) -> None:
     """Prints the results table, notes and profile, and writes them with wrk's raw output to ``out_path``."""
     rows = [result_row(r) for r in results]
-    t = table(RESULT_HEADERS, rows, right={1, 2, 3, 4, 5, 6, 7, 8, 9})
+    # --ratio-only: no case table, only the ratio (a note)
+    t = f"{table(RESULT_HEADERS, rows, right={1, 2, 3, 4, 5, 6, 7, 8, 9})}\n\n{EXPLAIN}" if rows else ""
     hint = nagle_hint(results)
     raw_out = "\n".join(f"### wrk: {r[0]}\n\n```\n{r[1].raw.strip()}\n```\n" for r in results)
-    md = f"# sigprop HTTP benchmark\n\n{env}\n\n{t}\n\n{EXPLAIN}\n\n" + "".join(f"* {n}\n" for n in notes)
+    md = f"# sigprop HTTP benchmark\n\n{env}\n\n{t}\n\n" + "".join(f"* {n}\n" for n in notes)
     if hint:
         md += f"\n{hint}\n"
     if profile:
         md += f"\n## Profile of the cache-hit path\n\n{profile}\n"
     md += f"\n{raw_out}"
     print()
-    print(t)
-    print()
-    print(EXPLAIN)
+    if t:
+        print(f"{t}\n")
     for n in notes:
         print(f"* {n}")
     if hint:
@@ -351,7 +432,8 @@ def report(env: str, results: list[tuple], notes: list[str], profile: str, out_p
     if profile:
         print(f"\n{profile}")
     hits = [r for r in rows if r[-1] != "-"]
-    print(f"\n{sum(r[-1] == 'PASS' for r in hits)} of {len(hits)} goals met.")
+    if hits:
+        print(f"\n{sum(r[-1] == 'PASS' for r in hits)} of {len(hits)} goals met.")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)

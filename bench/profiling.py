@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 # Where a sample of a worker's stack goes: the first category with a frame matching one of its
 # patterns (py-spy raw stacks: "function (file:line)" joined by ";").
 PROFILE_CATEGORIES = [
+    (
+        "hit from this process's memory (hothits middleware, storage/hot.py)",
+        ["HotHitMiddleware", "hot_hit", "storage/hot.py"],
+    ),
     ("re-validate cached answer (Solution.model_validate_json in _lookup)", ["model_validate_json"]),
     ("personalize_json (relabel #placeholders, cached flag)", ["personalize_json"]),
     ("cache get (Redis EVAL get_answer, redis-py)", ["get_answer", "(redis/"]),

@@ -23,6 +23,7 @@ from .auth import KeyChecker
 from .coldpool import SolverPool
 from .deps import Offload, read_access
 from .handlers import install_error_handlers
+from .hothits import HotHitMiddleware
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging
 from .openapi import install_openapi
 from .ratelimit import make_limits
@@ -52,7 +53,7 @@ async def lifespan(app: FastAPI):
     state.offload.shutdown()  # in-flight solves finish before the process exits
     if state.solutions.solver is not None:
         state.solutions.solver.shutdown()
-    state.cache.close()
+    state.cache.close()  # with the hot answers' pending hit counts (storage/hot.py)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -82,6 +83,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         memo_bytes=settings.memo_bytes,
         solve_timeout_s=settings.solve_timeout_s,
         solver=SolverPool(settings.solve_processes) if settings.solve_processes else None,
+        # Redis only: the SQLite file has no change notifications to keep a memory coherent
+        hot=state.cache.hot_answers() if hasattr(state.cache, "hot_answers") else None,
     )
     state.validations = make_validations(settings, state.solutions)
     state.offload = Offload(settings.solve_timeout_s)
@@ -94,6 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(dashboard_router, dependencies=read)
     app.include_router(health.router)
     install_openapi(app)
+    # innermost of ours: hits it answers are still size-limited, logged and counted
+    app.add_middleware(HotHitMiddleware, solutions=state.solutions, enabled=not settings.keys_for_reads)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, logger=logger)
     return app

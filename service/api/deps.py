@@ -98,7 +98,7 @@ def read_access(keys_for_reads: bool) -> Callable:
     return require_key if keys_for_reads else open_access
 
 
-def client_id(request: Request) -> str:
+async def client_id(request: Request) -> str:  # async: no I/O, so inline rather than in a thread
     """Who a rate limit counts this request against (``auth.client_identity``)."""
     return client_identity(request, request.app.state.keys)
 
@@ -106,15 +106,16 @@ def client_id(request: Request) -> str:
 # -- services --------------------------------------------------------------------------------------
 
 
-def _solutions(request: Request) -> SolutionService:
+# async: FastAPI runs a plain ``def`` dependency in a thread; these only read app.state
+async def _solutions(request: Request) -> SolutionService:
     return request.app.state.solutions
 
 
-def _validations(request: Request) -> Validations:
+async def _validations(request: Request) -> Validations:
     return request.app.state.validations
 
 
-def _offload(request: Request) -> Offload:
+async def _offload(request: Request) -> Offload:
     return request.app.state.offload
 
 

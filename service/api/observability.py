@@ -1,11 +1,16 @@
 """Structured JSON logs with a request id, and Prometheus metrics (prometheus_client).
 
+Every request gets one log line at INFO, except cache hits of ``POST /v1/solve``, at DEBUG
+(``SIGPROP_LOG_LEVEL=debug`` shows them): at thousands of hits a second the line cost more than
+the hit.
+
 With several uvicorn workers, ``sigprop serve`` points PROMETHEUS_MULTIPROC_DIR at a shared
 folder so ``/metrics`` aggregates every worker (the library's multiprocess mode).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -70,6 +75,40 @@ def configure_logging(level: str) -> logging.Logger:
     return logger
 
 
+# A request id is this process's random prefix and a counter: unique like a uuid4, without
+# reading the system's random source on every request. A forked child draws a prefix of its own.
+_ID_PREFIX = uuid.uuid4().hex[:20]
+_ID_COUNTER = itertools.count()
+
+
+def _new_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFF:012x}"
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX
+    _ID_PREFIX = uuid.uuid4().hex[:20]
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)
+
+
+# the labelled metric children by (route, method, status): ``labels()`` takes a lock and builds
+# its key on every call. Bounded: routes and methods are closed sets, statuses a few dozen.
+_CHILDREN: dict[tuple, tuple] = {}
+
+
+def _count_request(route: str, method: str, status: int, elapsed: float) -> None:
+    children = _CHILDREN.get((route, method, status))
+    if children is None:
+        children = _CHILDREN[(route, method, status)] = (
+            REQUESTS.labels(route, method, str(status)),
+            LATENCY.labels(route, method),
+        )
+    children[0].inc()
+    children[1].observe(elapsed)
+
+
 class RequestContextMiddleware:
     """Request id (echoed in X-Request-ID), one JSON log line and the metrics of every request."""
 
@@ -81,9 +120,9 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex
+        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or _new_id()
         if not all(c.isalnum() or c in "-_." for c in rid):
-            rid = uuid.uuid4().hex
+            rid = _new_id()
         scope.setdefault("state", {})["request_id"] = rid
         start = time.perf_counter()
         status = [500]
@@ -104,21 +143,23 @@ class RequestContextMiddleware:
             elapsed = time.perf_counter() - start
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            REQUESTS.labels(path, method, str(status[0])).inc()
-            LATENCY.labels(path, method).observe(elapsed)
-            self.logger.info(
-                "request",
-                extra={
-                    "fields": {
-                        "request_id": rid,
-                        "method": scope["method"][:16],
-                        "path": scope["path"],
-                        "route": path,
-                        "status": status[0],
-                        "ms": round(elapsed * 1000, 3),
-                    }
-                },
-            )
+            _count_request(path, method, status[0], elapsed)
+            # A cache hit is the service's most frequent and least interesting request: its line
+            # goes out at DEBUG, so at the default level it costs neither formatting nor a write.
+            level = logging.DEBUG if scope["state"].get("cache_hit") else logging.INFO
+            if self.logger.isEnabledFor(level):
+                self._log(level, scope, rid, path, status[0], elapsed)
+
+    def _log(self, level: int, scope, rid: str, route: str, status: int, elapsed: float) -> None:
+        fields = {
+            "request_id": rid,
+            "method": scope["method"][:16],
+            "path": scope["path"],
+            "route": route,
+            "status": status,
+            "ms": round(elapsed * 1000, 3),
+        }
+        self.logger.log(level, "request", extra={"fields": fields})
 
 
 class BodyLimitMiddleware:

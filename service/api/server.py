@@ -1,4 +1,5 @@
-"""uvicorn wiring that the defaults get wrong for this service.
+"""uvicorn wiring that the defaults get wrong for this service, and the one set of uvicorn options
+``sigprop serve`` runs with (``bench/http_bench.py`` serves its bare baseline app with the same).
 
 With ``--workers`` > 1 uvicorn binds the listening socket itself with protocol number 0, and
 asyncio only enables TCP_NODELAY on sockets created with IPPROTO_TCP; Nagle's algorithm then holds
@@ -8,17 +9,53 @@ Setting the option on each accepted connection restores sub-millisecond response
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
+def _no_delay(transport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
 class NoDelayH11Protocol(H11Protocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        _no_delay(transport)
         super().connection_made(transport)
+
+
+if importlib.util.find_spec("httptools") is not None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class NoDelayHttpToolsProtocol(HttpToolsProtocol):  # module level: the workers unpickle it by name
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            _no_delay(transport)
+            super().connection_made(transport)
+
+else:  # without uvicorn[standard]: h11
+    NoDelayHttpToolsProtocol = None
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def http_protocol() -> type:
+    """The fastest HTTP parser uvicorn offers here (httptools, from ``uvicorn[standard]``, else
+    h11), with TCP_NODELAY on every connection."""
+    return NoDelayHttpToolsProtocol if NoDelayHttpToolsProtocol is not None else NoDelayH11Protocol
+
+
+def uvicorn_options(workers: int) -> dict:
+    """The uvicorn.run options of ``sigprop serve`` that decide its speed: the parser and the event
+    loop (uvloop, from ``uvicorn[standard]``, else asyncio's)."""
+    return {"workers": workers, "http": http_protocol(), "loop": "uvloop" if _installed("uvloop") else "asyncio"}

@@ -1,7 +1,9 @@
 """The solve path behind POST /v1/solve: cache lookup, single flight, solve, store, degrade.
 
-Kept free of HTTP so it reads as the product's logic: routers call it from a worker thread, in two
-steps so that a cold solve never holds a thread that cache hits need: ``begin`` (memo, admission,
+Kept free of HTTP so it reads as the product's logic. ``hot_hit`` runs on the event loop and
+answers, without I/O, a body seen before whose answer is in this process's memory
+(``storage/hot.py``, Redis only); everything else runs in a worker thread, in two steps so that a
+cold solve never holds a thread that cache hits need: ``begin`` (memo, admission,
 canonicalization, cache lookup: answers hits) and ``finish`` (single flight and the cold solve,
 which runs in a ``coldpool.SolverPool`` process that is killed at the deadline).
 
@@ -29,6 +31,7 @@ from ..errors import SigpropError
 from ..requests import SOLVE_HINT, load_json, parse_solve_request
 from ..schemas.graph import Template
 from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
+from ..storage.hot import HotAnswers
 from ..storage.records import PLAIN
 from .admission import BodyMemo, check_body_cost, check_cost
 from .coldpool import SolverPool, solve_request, timeout_error
@@ -38,6 +41,7 @@ log = logging.getLogger("sigprop")
 _POLL_S = 0.02
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
 _IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
+_HITS = CACHE.labels("hit")  # the hot path's counter, labelled once
 CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
 
 
@@ -83,7 +87,7 @@ def prepare_body(body: bytes, limits: dict) -> tuple:
 
 @dataclass
 class SolveOutcome:
-    body: str  # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
+    body: str | bytes  # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
     cached: bool
     key: str
 
@@ -103,6 +107,7 @@ class SolutionService:
         memo_bytes: int = 64 << 20,
         solver: SolverPool | None = None,
         solve_timeout_s: float | None = None,
+        hot: HotAnswers | None = None,
     ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
@@ -121,11 +126,46 @@ class SolutionService:
         if health is not None:  # refused writes and evictions, counted in the metrics
             health.listen(lambda event, n: STORAGE.labels(event).inc(n))
         self.solver = solver  # None: solve in the calling thread (offline use, tests)
+        # hot answers in this process's memory, coherent with Redis (storage/hot.py): hits of
+        # bodies seen before are answered on the event loop, with no I/O (``hot_hit``)
+        self.hot = hot
         self.solve_timeout_s = solve_timeout_s if solve_timeout_s is not None else wait_timeout_s
 
     # -- cache access that degrades instead of failing -----------------------------------------
-    def _lookup(self, key: str, warnings: list[str]) -> str | None:
-        """The canonical answer JSON from the cache, or None (missing, corrupt, or cache down)."""
+    def hot_hit(self, body: bytes) -> SolveOutcome | None:
+        """The answer to a body seen before whose answer is in memory (``storage/hot.py``), else
+        None (``begin`` then answers it). No I/O and no thread: the event loop calls it."""
+        if self.hot is None or len(body) > _QUICK_BYTES:
+            return None  # hashing a large body would hold the event loop: ``begin`` does it in a thread
+        digest = hashlib.sha256(body).digest()
+        parsed = self._memo.get(digest)
+        if parsed is None:
+            return None
+        found = self.hot.hit(parsed.key, digest)
+        if found is None:
+            return None
+        _HITS.inc()
+        text, answer = found
+        if answer is None:  # first hit of this body since its answer came into memory
+            answer = personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True).encode()
+            self.hot.keep_view(parsed.key, text, digest, answer)
+        return SolveOutcome(answer, True, parsed.key)
+
+    def _hit(self, text: str, parsed: _Parsed, digest: bytes) -> SolveOutcome:
+        """A cache hit's answer; kept in memory for the next hit of the same body."""
+        CACHE.labels("hit").inc()
+        answer = personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True)
+        if self.hot is not None:
+            self.hot.keep_view(parsed.key, text, digest, answer.encode())
+        return SolveOutcome(answer, True, parsed.key)
+
+    def _lookup(self, key: str, warnings: list[str], hot: bool = False) -> str | None:
+        """The canonical answer JSON from the cache, or None (missing, corrupt, or cache down).
+        ``hot``: from memory or one tracked read when it can be (the hit then counted in a batch)."""
+        if hot and self.hot is not None:
+            text = self.hot.fetch(key)
+            if text is not None:
+                return text
         try:
             text = self.cache.get_answer(key)
         except CacheUnavailable:
@@ -150,12 +190,9 @@ class SolutionService:
         parsed = self._memo.get(digest)
         notes: list[str] = []
         if parsed is not None:
-            text = self._lookup(parsed.key, notes)
+            text = self._lookup(parsed.key, notes, hot=True)
             if text is not None:
-                CACHE.labels("hit").inc()
-                return SolveOutcome(
-                    personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key
-                )
+                return self._hit(text, parsed, digest)
 
         precheck = getattr(self.limit_cold, "precheck", None)
         if parsed is None and precheck is not None and len(body) > _IN_THREAD_BYTES:
@@ -177,13 +214,12 @@ class SolutionService:
         self._memo.put(digest, parsed)
 
         notes = []
-        text = self._lookup(parsed.key, notes)
+        text = self._lookup(parsed.key, notes, hot=True)
         if text is None:
             if not notes:
                 CACHE.labels("miss").inc()
             return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client)
-        CACHE.labels("hit").inc()
-        return SolveOutcome(personalize_json(text, parsed.ids, parsed.graph_warnings, cached=True), True, parsed.key)
+        return self._hit(text, parsed, digest)
 
     def prepares_in_process(self, body: bytes) -> bool:
         """Whether ``begin`` sends this body to a solver process to be parsed and prepared."""

@@ -26,6 +26,7 @@ import redis
 
 from . import redis_scripts
 from .health import NOT_STORED, StorageHealth, write_refused
+from .hot import HotAnswers
 from .records import (
     PLAIN,
     SUMMARY_FIELDS,
@@ -70,6 +71,7 @@ class RedisSolutionCache:
         checksum: Checksum = PLAIN,
         health: StorageHealth | None = None,
     ):
+        self.url, self.timeout_s = url, timeout_s
         self.r = redis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -82,9 +84,20 @@ class RedisSolutionCache:
         self.health = health or StorageHealth()
         self._scripts = {
             name: self.r.register_script(getattr(redis_scripts, name))
-            for name in ("GET_ANSWER", "GET_ALL", "PUT", "DELETE", "BACKFILL")
+            for name in ("GET_ANSWER", "GET_ALL", "PUT", "DELETE", "BACKFILL", "COUNT_HITS")
         }
         self._backfilled = False
+        self._hot: HotAnswers | None = None
+
+    def hot_answers(self) -> HotAnswers:
+        """This process's memory of hot answers over this cache (``hot.py``), made on first use."""
+        if self._hot is None:
+            self._hot = HotAnswers(self.url, self._PREFIX, self.checksum, self.timeout_s, self._count_hits, self.health)
+        return self._hot
+
+    def _count_hits(self, keys: list[str], args: list) -> int:
+        """``redis_scripts.COUNT_HITS`` on the cache's own connections; raises redis errors."""
+        return int(self._scripts["COUNT_HITS"](keys=keys, args=args))
 
     def _k(self, *parts: str) -> str:
         return self._PREFIX + ":".join(parts)
@@ -108,7 +121,13 @@ class RedisSolutionCache:
         elif note:
             log.warning("cache entry %s: %s", note, key)
 
+    def _flush_hits(self) -> None:
+        """This process's pending hit counts, written before it reads counts back."""
+        if self._hot is not None:
+            self._hot.flush()
+
     def get(self, key, count_hit=True):
+        self._flush_hits()
         flat, note = self._call(
             self._scripts["GET_ALL"],
             keys=[self._k("sol", key), self._k("lru")],
@@ -158,6 +177,9 @@ class RedisSolutionCache:
             self._k("lru"),
             self._k("bytes"),
         ]
+        # this process's pending hits first: eviction then sees their keys' true LRU order (hits
+        # pending in other processes move their keys within hot.FLUSH_S)
+        self._flush_hits()
         try:
             self._backfill()
             evicted = self._call(self._scripts["PUT"], keys=keys, args=args)
@@ -187,6 +209,8 @@ class RedisSolutionCache:
         self._backfilled = True
 
     def delete(self, key):
+        if self._hot is not None:
+            self._hot.drop(key)  # at once here; the other processes hear of it from Redis (hot.py)
         return bool(self._call(self._scripts["DELETE"], keys=[self._k("sol", key)], args=[self._PREFIX, key]))
 
     def stats(self) -> dict:
@@ -273,6 +297,8 @@ return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), 
         return len(pairs), [k for k, _ in pairs[offset : offset + limit]]
 
     def list_summaries(self, offset, limit, method=None, activation=None, key_prefix=None):
+        self._flush_hits()
+
         def run():
             total, keys = self._page_keys(offset, limit, method, activation, key_prefix)
             script = self.r.register_script(self._SUMMARY)
@@ -344,6 +370,8 @@ return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), 
             pass  # the lock expires by itself
 
     def close(self):
+        if self._hot is not None:
+            self._hot.close()  # pending hit counts are written first
         self.r.close()
 
 

@@ -49,6 +49,26 @@ return {redis.call('hgetall', KEYS[1]), note}
 """
 )
 
+# Hit counts written in a batch (``hot.HotAnswers.flush``): records deleted meanwhile are skipped,
+# never re-created, and so are records stored again since (another creation time). KEYS: lru, then
+# sol:{key} of each counted key. ARGV: per key: key, hits, time of the last hit, the record's
+# creation time as read. -> how many counts Redis refused (full, read-only)
+COUNT_HITS = """
+local refused = 0
+for i = 2, #KEYS do
+  local j = (i - 2) * 4
+  if redis.call('type', KEYS[i]).ok == 'hash' and redis.call('hget', KEYS[i], 'created') == ARGV[j + 4] then
+    local n = redis.pcall('hincrby', KEYS[i], 'hits', ARGV[j + 2])
+    local ok = not (type(n) == 'table' and n.err)
+    if not ok and (string.find(n.err, 'not an integer', 1, true) or string.find(n.err, 'overflow', 1, true)) then
+      ok = not redis.pcall('hset', KEYS[i], 'hits', ARGV[j + 2]).err  -- a damaged counter restarts
+    end
+    if ok then redis.pcall('zadd', KEYS[1], 'XX', ARGV[j + 3], ARGV[j + 1]) else refused = refused + 1 end
+  end
+end
+return refused
+"""
+
 # Removes one record with its index entries and its bytes. ARGV: prefix, key. -> 1 if it existed
 _DROP = """
 local function drop(prefix, key)
