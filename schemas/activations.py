@@ -22,6 +22,7 @@ from typing import Annotated
 from pydantic import Field
 
 from .errors import SigpropError
+from .suggest import did_you_mean
 
 __all__ = [
     "ActivationInfo",
@@ -183,9 +184,12 @@ def activation_info(name: object) -> ActivationInfo:
     """
     key = canonical_name(name)
     if key is None:
+        # Only suggested, never accepted: one spelling per function keeps keys, the answer's
+        # ``activation`` and the per-function ``activations`` map independent of how it was typed.
         raise SigpropError(
             "unsupported_activation",
-            f"unknown activation {name!r}",
+            f"unknown activation {name!r}{did_you_mean(name, ACTIVATION_NAMES)}",
+            "activation names follow PyTorch's functional names in lower case (leaky_relu, not LeakyReLU); "
             "supported activations: " + ", ".join(ACTIVATION_NAMES),
         )
     return CATALOGUE[key]

@@ -50,5 +50,9 @@ class SigpropError(Exception):
         self.status = status if status is not None else HTTP_STATUS.get(code, 422)
         self.headers = headers  # extra HTTP response headers (Retry-After, WWW-Authenticate)
 
+    def __str__(self) -> str:
+        # The hint is half the error: a traceback, a log line or ``print(err)`` shows what to do too.
+        return f"{self.code}: {self.message}" + (f" (hint: {self.hint})" if self.hint else "")
+
     def to_dict(self) -> dict:
         return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}

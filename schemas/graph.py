@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from .activations import ActivationName
 
@@ -18,11 +18,15 @@ GRAPH_SCHEMA = "sigprop.graph/v1"
 # Ids appear in answers, logs and the dashboard: a conservative character set (covers the
 # dotted names torch.fx gives, like "layer1.0.conv1") keeps them safe to echo anywhere.
 NodeId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-/\[\]]+$")]
-PositiveInt = Annotated[int, Field(ge=1, le=1_000_000)]
+# Numbers and booleans on the wire are strict: "0.9" is not 0.9, 2.0 is not 2, and 1 is not true,
+# so a request means what its JSON says (a quoted number is usually a bug upstream). An integer is
+# still a number where a float is expected (StrictFloat accepts 1 for 1.0), as JSON intends.
+PositiveInt = Annotated[StrictInt, Field(ge=1, le=1_000_000)]
 KernelSize = (
-    Annotated[int, Field(ge=1, le=1024)]
-    | Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=2, max_length=2)]
+    Annotated[StrictInt, Field(ge=1, le=1024)]
+    | Annotated[list[Annotated[StrictInt, Field(ge=1, le=1024)]], Field(min_length=2, max_length=2)]
 )
+WireFloat = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
 
 class _Node(BaseModel):
@@ -40,7 +44,7 @@ class InputNode(_Node):
 class DenseNode(_Node):
     op: Literal["dense"]
     units: PositiveInt
-    bias: bool = True
+    bias: StrictBool = True
 
 
 class ConvNode(_Node):
@@ -48,8 +52,8 @@ class ConvNode(_Node):
     channels: PositiveInt
     kernel: KernelSize = 3
     stride: KernelSize = 1
-    padding: Literal["same", "valid"] | Annotated[int, Field(ge=0, le=1024)] = "same"
-    bias: bool = True
+    padding: Literal["same", "valid"] | Annotated[StrictInt, Field(ge=0, le=1024)] = "same"
+    bias: StrictBool = True
 
 
 class ActivationNode(_Node):
@@ -59,7 +63,7 @@ class ActivationNode(_Node):
 
 class SumNode(_Node):
     op: Literal["sum"]
-    weights: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+    weights: list[WireFloat] | None = Field(
         default=None, max_length=4096, description="sum of squares 1; omitted: 1/sqrt(n) each"
     )
 
@@ -81,7 +85,7 @@ class PoolNode(_Node):
     op: Literal["avg_pool", "max_pool"]
     kernel: KernelSize = 2
     stride: KernelSize | None = None
-    padding: int = Field(
+    padding: StrictInt = Field(
         default=0, ge=0, le=64, description="zero padding on each side (PyTorch's padding); at most half the kernel"
     )
 
@@ -92,7 +96,7 @@ class GlobalPoolNode(_Node):
 
 class DropoutNode(_Node):
     op: Literal["dropout"]
-    rate: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
+    rate: WireFloat = Field(default=0.0, ge=0.0, lt=1.0)
 
 
 class PassThroughNode(_Node):
@@ -145,14 +149,22 @@ class Template(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     template: Literal["mlp", "resnet", "densenet", "cnn"]
-    depth: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    depth: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     width: PositiveInt | None = None
     input_shape: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=3)
     # resnet
     version: Literal[1, 2] | None = None
-    shortcut_weight: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    shortcut_weight: Annotated[WireFloat, Field(ge=0.0, le=1.0)] | None = None
     # densenet
     growth_rate: PositiveInt | None = None
     # cnn / densenet / resnet input and head
     classes: PositiveInt | None = None
-    bias: bool | None = None
+    bias: StrictBool | None = None
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _strict_version(cls, value):
+        # a Literal takes 2.0 and true for 2 in lax mode; the wire is strict (see PositiveInt)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError("version is the integer 1 or 2")
+        return value

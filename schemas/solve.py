@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from .activations import ActivationName, canonical_name
 from .graph import Graph, Template
@@ -17,7 +17,8 @@ from .graph import Graph, Template
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
 Method = Literal["tat", "dks", "eoc", "sparse_eoc", "geometric"]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-1e12, le=1e12)]
+# strict like the graph's numbers (schemas/graph.py): "0.9" is refused, 1 is taken for 1.0
+FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-1e12, le=1e12)]
 
 
 class Targets(BaseModel):
@@ -45,14 +46,14 @@ class TrainableOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    negative_slope: bool = Field(default=False, description="TReLU with a trainable negative slope (section 2.1)")
+    negative_slope: StrictBool = Field(default=False, description="TReLU with a trainable negative slope (section 2.1)")
     residual_beta: Literal["none", "global", "per_layer"] = Field(
         default="none", description="residual sums as x + beta / sqrt(L) F(x) with a trainable beta (section 2.2)"
     )
-    beta: Annotated[float, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = Field(
+    beta: Annotated[StrictFloat, Field(gt=0.0, le=10.0, allow_inf_nan=False)] = Field(
         default=0.5, description="initial beta (the paper's best, 0.5)"
     )
-    prune_fraction: Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = Field(
+    prune_fraction: Annotated[StrictFloat, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = Field(
         default=0.1,
         description="blocks whose trained beta falls below this fraction of the largest can be replaced by the "
         "identity (effective depth)",
@@ -71,7 +72,7 @@ class SolveRequest(BaseModel):
         description="weight distribution: scale-corrected uniform orthogonal (Orthogonal Delta for convs) or Gaussian "
         "fan-in",
     )
-    c_map_points: int = Field(default=33, ge=3, le=257, description="samples of the global C map on [-1, 1]")
+    c_map_points: StrictInt = Field(default=33, ge=3, le=257, description="samples of the global C map on [-1, 1]")
     trainable: TrainableOptions | None = None
     assumptions: Literal["strict", "warn"] = Field(
         default="strict",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from .solve import SolveRequest
 
@@ -26,13 +26,14 @@ class ValidationRequest(BaseModel):
         description="'digits' (scikit-learn's bundled set), 'synthetic' (teacher-student), "
         "or an .npz path on the worker",
     )
-    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 200
-    batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
+    # numbers are strict, as in the solve request (schemas/graph.py): "200" is not 200
+    steps: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 200
+    batch_size: Annotated[StrictInt, Field(ge=1, le=65_536)] = 64
     optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = Field(
+    lr: Annotated[StrictFloat, Field(gt=0, le=10, allow_inf_nan=False)] | None = Field(
         default=None, description="learning rate (default: 0.002 for sgd with momentum 0.9, 3e-4 for adam)"
     )
-    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    seed: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] = 0
     baselines: list[Baseline] = Field(
         default_factory=lambda: ["he"],
         max_length=3,

@@ -10,13 +10,26 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 
 from . import __version__
+from .cli_request import add_request_flags
 from .errors import SigpropError
+from .settings import settings_help
 
 # The import names of the `server` extra's packages (pyproject.toml; a test keeps the two equal).
-SERVER_MODULES = ("fastapi", "uvicorn", "redis", "prometheus_client", "rq", "limits", "jinja2", "plotly")
+SERVER_MODULES = (
+    "fastapi",
+    "uvicorn",
+    "redis",
+    "prometheus_client",
+    "rq",
+    "limits",
+    "jinja2",
+    "plotly",
+    "fastapi_offline",
+)
 
 
 def _missing_extra(command: str, extra: str) -> bool:
@@ -51,16 +64,33 @@ def _read_request(path: str):
     return load_json(text, "check the file with a JSON validator", what="stdin" if path == "-" else path)
 
 
+def _solve_request(args):
+    """The request to solve: the file's (or stdin's) JSON, with the flags applied on top."""
+    from .cli_request import apply_flags, has_request_flags
+
+    if args.request is None and not has_request_flags(args):
+        raise SigpropError(
+            "invalid_request",
+            "no request: give a request file, - for stdin, or the request as flags",
+            "e.g. sigprop solve --template mlp --depth 50 --method tat --activation leaky_relu --eta 0.9",
+        )
+    data = _read_request(args.request) if args.request is not None else None
+    return apply_flags(data, args) if has_request_flags(args) else data
+
+
 def cmd_solve(args) -> int:
-    """Solve offline: no server, no Redis; prints exactly the answer POST /v1/solve gives."""
+    """Solve offline: no server, no Redis; prints exactly the answer POST /v1/solve gives
+    (``--pretty``: the same JSON, indented)."""
     from .answers import solve_json
     from .requests import parse_solve_request
 
     try:
-        answer = solve_json(parse_solve_request(_read_request(args.request)))
+        answer = solve_json(parse_solve_request(_solve_request(args)))
     except SigpropError as err:
         print(json.dumps(err.to_dict()), file=sys.stderr)
         return 2
+    if args.pretty:  # key order kept: the same object, only indented
+        answer = json.dumps(json.loads(answer), indent=2, ensure_ascii=False)
     sys.stdout.write(answer + "\n")
     return 0
 
@@ -98,17 +128,17 @@ def cmd_serve(args) -> int:
         # Each worker is a process: point prometheus_client at a shared folder so /metrics
         # reports all of them, whichever worker answers.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sigprop-metrics-")
-    from .api.server import NoDelayH11Protocol
+    from .api.server import uvicorn_options
 
     trusted = ",".join(p.strip() for p in settings.trusted_proxies.split(",") if p.strip())
+    print(_listening(args), flush=True)
 
     uvicorn.run(
         "sigprop.api.app:create_app",
         factory=True,
         host=args.host,
         port=args.port,
-        workers=args.workers,
-        http=NoDelayH11Protocol,
+        **uvicorn_options(args.workers),  # parser and event loop; the bench's bare app uses the same
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=30,
@@ -118,6 +148,14 @@ def cmd_serve(args) -> int:
         forwarded_allow_ips=trusted or None,
     )
     return 0
+
+
+def _listening(args) -> str:
+    """The line ``sigprop serve`` prints before it serves: where to point a client or a browser."""
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address goes in brackets
+    url = f"http://{host}:{args.port}"
+    workers = f", {args.workers} workers" if args.workers > 1 else ""
+    return f"sigprop serve: listening on {url} ({url}/docs for the API, {url}/dashboard{workers})"
 
 
 def cmd_worker(args) -> int:
@@ -161,21 +199,36 @@ def cmd_schema(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sigprop`` command line and its subcommands."""
     parser = argparse.ArgumentParser(
         prog="sigprop", description="Shape deep networks: TAT, DKS, EOC solvers for any architecture graph."
     )
     parser.add_argument("--version", action="version", version=f"sigprop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("solve", help="solve a request offline and print the answer JSON")
-    p.add_argument("request", help="path to a request JSON file, or - for stdin")
+    p = sub.add_parser(
+        "solve",
+        help="solve a request offline and print the answer JSON",
+        description="Solve a request offline (no server, no Redis) and print the answer POST /v1/solve gives. "
+        "The request is a JSON file, stdin (-), or flags: sigprop solve --template mlp --depth 50 "
+        "--method tat --activation leaky_relu --eta 0.9",
+    )
+    p.add_argument("request", nargs="?", help="path to a request JSON file, or - for stdin (optional with flags)")
+    p.add_argument("--pretty", action="store_true", help="indent the answer JSON (default: one line, as served)")
+    add_request_flags(p)
     p.set_defaults(func=cmd_solve)
 
-    p = sub.add_parser("serve", help="run the HTTP service (POST /v1/solve and friends)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workers", type=int, default=1)
+    p = sub.add_parser(
+        "serve",
+        help="run the HTTP service (POST /v1/solve and friends)",
+        description="Run the HTTP service. Settings come from environment variables (listed below).",
+        epilog=settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--workers", type=int, default=1, help="API processes (default 1)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("worker", help="run a validation-training worker (needs SIGPROP_REDIS_URL)")
@@ -197,9 +250,28 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("schema", help="print a JSON Schema (graph, request or solution)")
     p.add_argument("which", choices=["graph", "request", "solution"])
     p.set_defaults(func=cmd_schema)
+    return parser
 
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, so a closed pipe is noticed inside the try, not at exit
+    except BrokenPipeError:
+        return _closed_pipe()
+    return code
+
+
+def _closed_pipe() -> int:
+    """The reader went away (``sigprop schema request | head -1``): stop quietly, as Unix tools do.
+
+    stdout is pointed at /dev/null so that Python's own flush at exit does not raise again, and the
+    exit status is the shell's for a process ended by SIGPIPE (128 + 13)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

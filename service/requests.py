@@ -11,8 +11,9 @@ import math
 from pydantic import ValidationError
 
 from .errors import SigpropError
-from .schemas.graph import OPS
+from .schemas.graph import OPS, Graph, Template
 from .schemas.solve import SolveRequest
+from .schemas.suggest import did_you_mean
 
 
 class _NonFinite(ValueError):
@@ -96,8 +97,15 @@ def _not_json(exc: Exception, hint: str, what: str) -> SigpropError:
     return SigpropError("invalid_request", f"{what} is not valid JSON{detail}", hint)
 
 
-_TARGET_HINT = "targets are finite numbers among eta, tau, zeta, sparsity, v_slope, q_star"
+_TARGET_HINT = "targets are finite numbers among eta, tau, zeta, local_q_slope, sparsity, v_slope, q_star"
 SOLVE_HINT = "send a JSON object with graph, method, activation and targets"
+
+
+def _type_note(error: dict, msg: str) -> str:
+    """pydantic's message, plus why a quoted number is refused (the wire is strict, schemas/graph.py)."""
+    if isinstance(error.get("input"), str) and error.get("type") in ("float_type", "int_type", "bool_type"):
+        return f"{msg}, got the string {str(error['input'])[:40]!r}: send a JSON number, not a quoted one"
+    return msg
 
 
 def error_path(loc, default: str = "request") -> str:
@@ -116,21 +124,20 @@ def invalid_request(exc, hint: str, default: str = "request", code: str = "inval
 
 def error_from_validation(exc: ValidationError) -> SigpropError:
     """The most specific contract error for a pydantic ValidationError (first problem wins)."""
-    errs = exc.errors(include_url=False)
+    return _classify(exc.errors(include_url=False))
+
+
+def _classify(errs: list[dict]) -> SigpropError:
+    """The contract error for pydantic's error list (its first problem; how many more, where useful)."""
     first = errs[0]
     loc = tuple(first.get("loc", ()))
     where = error_path(loc)
-    msg = first.get("msg", "invalid value")
+    msg = _type_note(first, first.get("msg", "invalid value"))
     more = f" (and {len(errs) - 1} more problem(s))" if len(errs) > 1 else ""
     if first.get("type") == "union_tag_invalid" or (loc and loc[-1] == "op"):
         return SigpropError("unsupported_op", f"{where}: {msg}", f"supported ops: {', '.join(OPS)}")
     if loc[:1] == ("graph",):
-        return SigpropError(
-            "invalid_graph",
-            f"{where}: {msg}{more}",
-            'a graph is {"schema": "sigprop.graph/v1", "nodes": [...]} or a template such as '
-            '{"template": "mlp", "depth": 50}; see the op table in docs/contract.md for node attributes',
-        )
+        return SigpropError("invalid_graph", f"{where}: {msg}{more}", _GRAPH_HINT)
     if loc[:1] == ("targets",):
         return SigpropError("invalid_target", f"{where}: {msg}{more}", _TARGET_HINT)
     if loc[:1] == ("activation",):
@@ -140,14 +147,79 @@ def error_from_validation(exc: ValidationError) -> SigpropError:
             "activation is a name such as leaky_relu, relu, tanh, softplus, gelu, swish (letters, digits and '_')",
         )
     if loc[:1] == ("method",):
+        methods = ("tat", "dks", "eoc", "sparse_eoc", "geometric")
         return SigpropError(
-            "unsupported_method", f"{where}: {msg}", "method is one of tat, dks, eoc, sparse_eoc, geometric"
+            "unsupported_method",
+            f"{where}: {msg}{did_you_mean(first.get('input'), methods)}",
+            f"method is one of {', '.join(methods)}",
         )
     return SigpropError(
         "invalid_request",
         f"{where}: {msg}{more}",
         'a solve request is {"graph": ..., "method": ..., "activation": ..., "targets": {...}}',
     )
+
+
+_GRAPH_HINT = (
+    'a graph is {"schema": "sigprop.graph/v1", "nodes": [...]} or a template such as '
+    '{"template": "mlp", "depth": 50}; see the op table in docs/contract.md for node attributes'
+)
+
+
+def _template_problem(graph: dict) -> SigpropError | None:
+    """The template's own error (an unknown name or parameter, with the valid ones), or None.
+
+    Pydantic tries a ``graph`` against both union members (``Graph`` and ``Template``) and reports
+    the first member's complaints (``graph.Graph.nodes: Field required``), which says nothing about
+    the template the user wrote; this names the bad template or key and lists what is valid.
+    """
+    from .engine.templates import TEMPLATE_NAMES, TEMPLATES
+
+    name = graph.get("template")
+    if not isinstance(name, str) or name not in TEMPLATES:
+        return SigpropError(
+            "invalid_graph",
+            f"graph.template: unknown template {name!r}{did_you_mean(name, TEMPLATE_NAMES)}",
+            f"templates: {', '.join(TEMPLATE_NAMES)} (GET /v1/templates lists their parameters)",
+        )
+    fields = TEMPLATES[name].fields
+    # a null is "not given" for any Template field (expansion ignores it), so only other keys are unknown
+    unknown = [
+        k
+        for k in graph
+        if k != "template" and k not in fields and not (graph[k] is None and k in Template.model_fields)
+    ]
+    if unknown:
+        key = unknown[0]
+        return SigpropError(
+            "invalid_graph",
+            f"graph.{key}: template '{name}' has no parameter {key!r}{did_you_mean(key, fields)}",
+            f"template '{name}' takes {', '.join(fields)} (GET /v1/templates/{name} expands it)",
+        )
+    return None
+
+
+def _graph_error(graph) -> SigpropError | None:
+    """The error of the union member the graph was meant as: a template when it names one (has
+    ``template``), else a node list, located under ``graph`` (None when it is neither a dict nor wrong)."""
+    if not isinstance(graph, dict):
+        return None
+    model = Template if "template" in graph else Graph
+    if model is Template:
+        problem = _template_problem(graph)
+        if problem is not None:
+            return problem
+    try:
+        model.model_validate(graph)
+    except ValidationError as exc:
+        # re-locate under "graph" (without the union member's name) and classify as the request's error
+        errors = [{**e, "loc": ("graph", *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+        err = _classify(errors)
+        if model is Template and err.code == "invalid_graph":
+            name = graph["template"]
+            err.hint = f"GET /v1/templates lists the parameters of '{name}' with their types and ranges"
+        return err
+    return None
 
 
 def parse_solve_request(data) -> SolveRequest:
@@ -160,4 +232,9 @@ def parse_solve_request(data) -> SolveRequest:
     try:
         return SolveRequest.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if errors and tuple(errors[0].get("loc", ()))[:1] == ("graph",):
+            err = _graph_error(data.get("graph"))
+            if err is not None:
+                raise err from None
         raise error_from_validation(exc) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from functools import lru_cache
 from pathlib import Path
 
@@ -124,7 +125,9 @@ class Settings(NodeLimit):
         default="600/minute", description="solves that miss the cache, per client (cache hits are never limited)"
     )
     rate_limit_validations: str = Field(default="60/minute", description="POST /v1/validations, per client")
-    log_level: str = Field(default="INFO")
+    log_level: str = Field(
+        default="INFO", description="level of the JSON log lines on stderr (DEBUG, INFO, WARNING, ERROR)"
+    )
     # validations (contract section 4): RQ jobs run by `sigprop worker`, or with no Redis a thread pool in the API
     validation_queue: str = Field(
         default="sigprop-validations",
@@ -203,6 +206,30 @@ class Settings(NodeLimit):
                 "refused. Set SIGPROP_API_KEYS (comma-separated keys) or SIGPROP_KEYS_FOR_READS=false"
             )
         return self
+
+
+def _env_name(field: str) -> str:
+    return f"{Settings.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def _shown_default(info) -> str:
+    if info.is_required():
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    if value is None or value == "":
+        return "unset"
+    return str(value)
+
+
+def settings_help() -> str:
+    """Every setting with its environment variable, default and description, generated from the
+    fields above (``sigprop serve --help`` shows it), so the help never drifts from the settings."""
+    lines = ["settings (environment variables):"]
+    for name, info in Settings.model_fields.items():
+        lines.append(f"  {_env_name(name)} (default: {_shown_default(info)})")
+        if info.description:
+            lines.extend(textwrap.wrap(info.description, 100, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
 
 
 @lru_cache(maxsize=1)

@@ -27,3 +27,45 @@ def test_every_ref_resolves(tmp_path):
     body = schema["paths"]["/v1/solve"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/SolveRequest"}
     assert set(components["SolveRequest"]["properties"]) >= {"graph", "method", "activation", "targets"}
+
+
+def test_every_operation_has_a_description_and_an_example_request(tmp_path):
+    from sigprop.schemas.solve import SolveRequest
+    from sigprop.schemas.validation import ValidationRequest
+
+    schema = create_app(Settings(data_dir=tmp_path)).openapi()
+    models = {"/v1/solve": SolveRequest, "/v1/validations": ValidationRequest}
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            where = f"{method.upper()} {path}"
+            assert len(op.get("description", "")) > 20, where
+            samples = op.get("x-codeSamples") or []
+            assert samples and samples[0]["source"].startswith("curl "), where
+            body = op.get("requestBody")
+            if body is not None:
+                example = body["content"]["application/json"]["example"]
+                models[path].model_validate(example)  # the example is a valid request
+
+
+def _local_references(html: str) -> list[str]:
+    """Every URL a page loads or links to (src=, href=, url(...))."""
+    import re
+
+    found = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html)
+    return found + re.findall(r"""url\(\s*["']?([^"')]+)""", html)
+
+
+def test_docs_and_redoc_load_their_assets_from_the_app_not_a_cdn(tmp_path):
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(Settings(data_dir=tmp_path))) as c:
+        for page in ("/docs", "/redoc"):
+            r = c.get(page)
+            assert r.status_code == 200, page
+            assert "cdn." not in r.text and "googleapis" not in r.text, page
+            refs = _local_references(r.text)
+            assert any(ref.endswith(".js") for ref in refs), (page, refs)
+            for ref in refs:
+                assert ref.startswith("/") and not ref.startswith("//"), (page, ref)
+                asset = c.get(ref)
+                assert asset.status_code == 200 and len(asset.content) > 100, (page, ref)

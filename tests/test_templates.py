@@ -193,9 +193,32 @@ def test_resnet_v2_counts_all_depths(depth, acts, sums, projs):
     assert len(projection_convs(g)) == projs
 
 
+def test_resnet_has_equal_shortcuts_by_default():
+    """A ResNet without shortcuts surprises: the default is sqrt(1/2), equal branches, the
+    same graph (and so the same cache key) as that weight written out."""
+    from sigprop.engine.solve import prepare
+    from sigprop.requests import parse_solve_request
+
+    g = expand(template="resnet", depth=50)
+    assert ops(g)["sum"] == 16 and len(projection_convs(g)) == 4
+    for s in (n for n in g.nodes if n.op == "sum"):
+        assert s.weights == pytest.approx([math.sqrt(0.5), math.sqrt(0.5)])
+    assert g == expand(template="resnet", depth=50, shortcut_weight=math.sqrt(0.5))
+
+    def key(graph: dict) -> str:
+        body = {"graph": graph, "method": "tat", "activation": "softplus", "targets": {"tau": 0.3}}
+        return prepare(parse_solve_request(body)).key
+
+    default = key({"template": "resnet", "depth": 18, "input_shape": [3, 32, 32]})
+    explicit = key({"template": "resnet", "depth": 18, "input_shape": [3, 32, 32], "shortcut_weight": math.sqrt(0.5)})
+    plain = key({"template": "resnet", "depth": 18, "input_shape": [3, 32, 32], "shortcut_weight": 0})
+    assert default == explicit != plain
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_resnet_w0_has_no_shortcuts(version):
-    g = expand(template="resnet", depth=50, version=version)  # shortcut_weight defaults to 0
+    # shortcut_weight 0 (the reference's default, no longer the template's): a plain network
+    g = expand(template="resnet", depth=50, version=version, shortcut_weight=0.0)
     c = ops(g)
     assert c["sum"] == 0
     assert c["conv"] == 1 + 3 * 16  # no projection convs either
@@ -402,7 +425,7 @@ def test_describe_templates():
     assert params["resnet"]["depth"]["allowed"] == [18, 34, 50, 101, 152, 200]
     assert params["resnet"]["depth"]["required"] is True
     assert params["resnet"]["version"]["default"] == 2
-    assert params["resnet"]["shortcut_weight"]["default"] == 0.0
+    assert params["resnet"]["shortcut_weight"]["default"] == math.sqrt(0.5)  # equal branches
     assert params["mlp"]["width"]["default"] == 512 and params["mlp"]["depth"]["required"] is True
     assert params["cnn"]["width"]["default"] == 64
     assert params["densenet"]["depth"]["default"] == 121

@@ -3,11 +3,17 @@ every route documents, and the request models of the routes that read their raw 
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from ..schemas.solve import ErrorResponse, SolveRequest
 from ..schemas.validation import ValidationRequest
+from .openapi_docs import document_operations
 
 # the contract's error object, for the statuses any route may answer with
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)}
@@ -45,7 +51,51 @@ def install_openapi(app: FastAPI) -> None:
                 request_schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
                 components.update(request_schema.pop("$defs", {}))
                 components[model.__name__] = request_schema
+            document_operations(schema)  # a description and an example request per operation
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi_with_request_models
+    install_docs(app)
+
+
+# /docs and /redoc load Swagger UI and ReDoc from the installed fastapi-offline package (the
+# `server` extra), never from a CDN: the service works offline and behind egress filters.
+DOCS_ASSETS = "/docs-assets"
+
+
+def _assets_folder() -> Path:
+    import fastapi_offline  # a well-kept package that ships both bundles and nothing else of note
+
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+def install_docs(app: FastAPI) -> None:
+    """Replace FastAPI's /docs and /redoc (whose pages name CDN URLs) with the same pages pointing
+    at the bundles served under ``DOCS_ASSETS``; the OAuth2 redirect page (inline) is kept."""
+    docs, redoc = app.docs_url or "/docs", app.redoc_url or "/redoc"
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in (docs, redoc)]
+    app.mount(DOCS_ASSETS, StaticFiles(directory=_assets_folder()), name="docs-assets")
+
+    @app.get(docs, include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            oauth2_redirect_url=f"{root}{app.swagger_ui_oauth2_redirect_url}",
+        )
+
+    @app.get(redoc, include_in_schema=False)
+    async def redoc_page(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,  # the fonts would come from Google's CDN
+        )

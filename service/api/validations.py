@@ -184,6 +184,7 @@ class Validations:
             graph = _wire_graph(parse_solve_request(record["request"]))
         if req.dataset == "synthetic":  # its input shape is the graph's, known once the solve checked it
             self.policy.check(req.dataset, graph_input_shape(graph))
+        self.policy.check_fit(req.dataset, graph)  # input size and classes: refused now, not on the worker
         request = req.model_dump(mode="json", by_alias=True, exclude_none=True)
         return key, request, {"request": request, "graph": graph, "solution": answer}
 

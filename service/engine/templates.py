@@ -22,7 +22,11 @@ Templates
     ``BlockV1``, ``BlockV2``, ``ModifiedResNet``), without batch norm, whose shortcut and
     residual branches are weighted ``shortcut_weight`` and ``sqrt(1 - shortcut_weight**2)``.
     ``shortcut_weight == 0`` removes the shortcut branches (and their projection convs)
-    entirely, as the reference does. Version 2 matches the reference model node for node.
+    entirely, as the reference does. The default is ``RESNET_SHORTCUT_WEIGHT`` = sqrt(1/2): equal
+    branches, the weights a ``sum`` node takes when it names none, because a ResNet without
+    shortcuts surprises everyone who asks for one (the reference's default is 0: the TAT paper's
+    point is training without them; ask for ``"shortcut_weight": 0`` to get that network).
+    Version 2 matches the reference model node for node.
     Version 1 expands to the reference's post-activation network as it is, because a template
     must equal the hand-written graph of its network; with shortcuts (``shortcut_weight > 0``) its
     identity shortcuts carry post-activation features into the activation after each sum, which
@@ -129,6 +133,9 @@ RESNET_CONFIGS: dict[int, dict[str, Any]] = {
     },
 }
 RESNET_STRIDES = (1, 2, 2, 2)
+# The resnet template's default shortcut weight: equal branches, sqrt(1/2) each, as a `sum` node
+# without weights (see the module docstring for why it is not the reference's 0).
+RESNET_SHORTCUT_WEIGHT = math.sqrt(0.5)
 
 # torchvision's densenet121/169/201 and the paper's DenseNet-264 (ImageNet, 4 blocks).
 DENSENET_IMAGENET_CONFIGS: dict[int, tuple[int, ...]] = {
@@ -249,8 +256,8 @@ def _cnn(t: Template) -> list[dict]:
 
 _RESNET_DESCRIPTION = (
     "DeepMind's modified ResNet (dks examples/haiku/modified_resnet.py) without batch norm: "
-    "residual branches weighted sqrt(1 - shortcut_weight^2), shortcuts shortcut_weight; "
-    "shortcut_weight 0 removes the shortcuts (a plain deep network)."
+    "residual branches weighted sqrt(1 - shortcut_weight^2), shortcuts shortcut_weight (default sqrt(1/2): "
+    "equal branches); shortcut_weight 0 removes the shortcuts (a plain deep network)."
 )
 _RESNET_PARAMETERS = (
     _param("depth", "integer", "ResNet depth", required=True, allowed=sorted(RESNET_CONFIGS)),
@@ -265,8 +272,8 @@ _RESNET_PARAMETERS = (
     _param(
         "shortcut_weight",
         "number",
-        "weight of the shortcut branch; 0 removes it",
-        default=0.0,
+        "weight of the shortcut branch; default sqrt(1/2) (equal branches); 0 removes it",
+        default=RESNET_SHORTCUT_WEIGHT,
         minimum=0.0,
         maximum=1.0,
     ),
@@ -276,12 +283,16 @@ _RESNET_PARAMETERS = (
 )
 
 
+def _shortcut_weight(t: Template) -> float:
+    return float(t.shortcut_weight) if t.shortcut_weight is not None else RESNET_SHORTCUT_WEIGHT
+
+
 def _resnet_size(t: Template) -> TemplateSize | None:
     cfg = RESNET_CONFIGS.get(t.depth) if t.depth is not None else None
     if cfg is None:
         return None
     v2 = (t.version if t.version is not None else 2) == 2
-    shortcut = (t.shortcut_weight or 0.0) != 0.0
+    shortcut = _shortcut_weight(t) != 0.0
     convs = 3 if cfg["bottleneck"] else 2
     blocks = sum(cfg["blocks_per_group"])
     projections = sum(1 for g in range(4) if cfg["use_projection"][g]) if shortcut else 0
@@ -301,7 +312,7 @@ def _resnet(t: Template) -> list[dict]:
         raise _bad(f"resnet depth {t.depth} is not supported", f"give 'depth' as one of {allowed}")
     cfg = RESNET_CONFIGS[t.depth]
     v2 = (t.version if t.version is not None else 2) == 2
-    w = float(t.shortcut_weight) if t.shortcut_weight is not None else 0.0
+    w = _shortcut_weight(t)
     if not 0.0 <= w <= 1.0:  # the schema already bounds it; a hand-made Template might not
         raise _bad(
             f"shortcut_weight {w} is outside [0, 1]", "give shortcut_weight between 0 and 1 (0 removes the shortcuts)"

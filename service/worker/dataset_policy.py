@@ -24,8 +24,17 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from ..errors import SigpropError
+from ..schemas.graph import Graph
+from ..schemas.shapes import infer_shapes
+from .datasets import SYNTHETIC_CLASSES
 
 BUILTIN = ("digits", "synthetic")
+# What each built-in dataset feeds (datasets.py): (input shape, or None for "the graph's own", classes).
+# digits: scikit-learn's 8x8 images as 64 features, reshaped to any input shape of 64 values.
+BUILTIN_FACTS: dict[str, tuple[tuple[int, ...] | None, int]] = {
+    "digits": ((64,), 10),
+    "synthetic": (None, SYNTHETIC_CLASSES),
+}
 SYNTHETIC_DEFAULT_SHAPE = (64,)
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 _NPZ_HINT = (
@@ -79,6 +88,23 @@ class DatasetPolicy:
         path = self.resolve(name)
         self.check_npz(path, name)
         return str(path)
+
+    def check_fit(self, name: str, graph: dict) -> None:
+        """Refuse (422 ``invalid_request``) a dataset the graph cannot train on: inputs of another
+        size than the graph's input, or another number of classes than its output's units. Checked
+        at submission, so a mismatch is answered at once instead of failing on the worker later."""
+        if name in BUILTIN_FACTS:
+            features, classes = BUILTIN_FACTS[name]
+        else:
+            try:
+                features, classes = _npz_facts(self.resolve(name))
+            except SigpropError:
+                raise
+            except Exception:  # noqa: BLE001 - unreadable labels: the worker's loader says why
+                return
+        if features is not None:
+            _check_input(name, features, graph_input_shape(graph))
+        _check_classes(name, classes, graph_output_shape(graph))
 
     def check_features(self, shape: tuple[int, ...], what: str) -> None:
         values = math.prod(shape) if shape else 0
@@ -146,6 +172,54 @@ class DatasetPolicy:
                 f"the arrays of {name!r} take {total} bytes unpacked, over this server's bound of {self.max_bytes}",
                 "use a smaller dataset, or raise SIGPROP_MAX_DATASET_BYTES on your own deployment",
             )
+
+
+def graph_output_shape(graph: dict) -> tuple[int, ...] | None:
+    """The shape of a wire graph's ``output`` node, by the contract's shape rules (None when the
+    graph does not infer: the solve that produced it already said why)."""
+    try:
+        shapes = infer_shapes(Graph.model_validate(graph))
+    except (SigpropError, ValueError):
+        return None
+    out = next((n.get("id") for n in graph.get("nodes") or () if isinstance(n, dict) and n.get("op") == "output"), None)
+    return tuple(shapes[out]) if out in shapes else None
+
+
+def _fit_hint(name: str, features: tuple[int, ...]) -> str:
+    values = math.prod(features)
+    images = " or [1, 8, 8] (cnn, resnet, densenet)" if name == "digits" else ""
+    return (
+        f'give the graph\'s input {values} values: for a template set "input_shape": {list(features)}{images}; '
+        "or pick a dataset that fits the network ('synthetic' fits any input shape)"
+    )
+
+
+def _check_input(name: str, features: tuple[int, ...], graph_shape: tuple[int, ...] | None) -> None:
+    if graph_shape is None or math.prod(graph_shape) == math.prod(features):
+        return
+    raise _bad(
+        f"{name!r} has inputs of {math.prod(features)} values per example (shape {list(features)}) but the "
+        f"graph's input has shape {list(graph_shape)} ({math.prod(graph_shape)} values)",
+        _fit_hint(name, features),
+    )
+
+
+def _check_classes(name: str, classes: int, out_shape: tuple[int, ...] | None) -> None:
+    if out_shape is None or tuple(out_shape) == (classes,):
+        return
+    raise _bad(
+        f"{name!r} has {classes} classes but the graph's output has shape {list(out_shape)}",
+        f'end the graph with a dense layer of {classes} units: for a template set "classes": {classes}',
+    )
+
+
+def _npz_facts(path: Path) -> tuple[tuple[int, ...], int]:
+    """(feature shape, classes) of an .npz the policy already admitted (sizes bounded): the labels
+    are read, without pickles, to count the classes as the trainer will (largest label + 1)."""
+    features = _npz_headers(path)["x_train"][0][1:]
+    with np.load(path, allow_pickle=False) as f:
+        top = max((int(np.max(f[k])) for k in ("y_train", "y_test") if f[k].size), default=0)
+    return tuple(features), top + 1
 
 
 def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype, int]]:

@@ -17,6 +17,16 @@ from ..openapi import ERRORS
 router = APIRouter(prefix="/v1/templates")
 
 
+def _query_value(text: str):
+    """A query value as the JSON scalar it spells (``50``, ``0.5``, ``true``): a query string has
+    only text, while the template's fields are strict about types, as they are in a solve body."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return value if isinstance(value, (int, float, bool)) else text
+
+
 @router.get("")
 async def templates():
     return describe_templates()
@@ -37,7 +47,7 @@ async def template(name: str, request: Request, service: Solutions, run: Run):
                     f"input_shape={v[:100]!r} is not a JSON list",
                     "write it as input_shape=[3,32,32]",
                 ) from None
-        params[k] = v
+        params[k] = v if k == "input_shape" else _query_value(v)
     try:
         t = Template.model_validate(params)
     except ValidationError as exc:

@@ -1,0 +1,225 @@
+"""Errors meet ML engineers where they are: a template typo names the bad template or
+parameter and lists the valid ones; numbers on the wire are strict (no "0.9" for 0.9); PyTorch
+spellings of activations (LeakyReLU, GELU) get a "did you mean"; ``str(SigpropError)`` carries
+the hint; a validation whose dataset cannot feed the graph is refused at submission."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from sigprop.client.http import error_from_response
+from sigprop.errors import SigpropError
+from sigprop.requests import parse_solve_request
+from sigprop.schemas.suggest import closest
+
+from .inprocess import KEY_ONE, app_client, bearer, mlp
+from .service_fixtures import assert_error
+
+
+def _refused(body: dict) -> SigpropError:
+    with pytest.raises(SigpropError) as info:
+        parse_solve_request(body)
+    return info.value
+
+
+def _with_graph(graph: dict) -> dict:
+    return {**mlp(), "graph": graph}
+
+
+# -- 1. template typos ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "graph,bad,meant",
+    [
+        ({"template": "resnett", "depth": 50}, "'resnett'", "'resnet'"),
+        ({"template": "MLP", "depth": 5}, "'MLP'", "'mlp'"),
+        ({"template": "densnet"}, "'densnet'", "'densenet'"),
+    ],
+)
+def test_an_unknown_template_is_named_with_the_valid_ones(graph, bad, meant):
+    err = _refused(_with_graph(graph))
+    assert err.code == "invalid_graph"
+    assert bad in err.message and f"did you mean {meant}" in err.message, err.message
+    assert "Field required" not in err.message and "Graph.nodes" not in err.message
+    for name in ("mlp", "resnet", "densenet", "cnn"):
+        assert name in err.hint
+
+
+@pytest.mark.parametrize("name", [{}, ["mlp"], 3, None])
+def test_a_template_name_that_is_not_a_string_is_an_invalid_graph(name):
+    err = _refused(_with_graph({"template": name, "depth": 3}))  # never a TypeError (a 500 over HTTP)
+    assert err.code == "invalid_graph" and "unknown template" in err.message
+
+
+def test_null_parameters_are_not_unknown_ones():
+    err = _refused(_with_graph({"template": "mlp", "depth": 3, "version": None, "widht": 8}))
+    assert "'widht'" in err.message and "'version'" not in err.message
+
+
+def test_an_unknown_template_parameter_is_named_with_the_parameters_it_takes():
+    err = _refused(_with_graph({"template": "mlp", "depth": 5, "widht": 64}))
+    assert err.code == "invalid_graph"
+    assert "'widht'" in err.message and "did you mean 'width'" in err.message, err.message
+    assert "depth, width, input_shape, classes, bias" in err.hint
+
+
+def test_a_template_value_error_is_located_at_its_parameter():
+    err = _refused(_with_graph({"template": "mlp", "depth": -1}))
+    assert err.code == "invalid_graph" and err.message.startswith("graph.depth: "), err.message
+    assert "GET /v1/templates" in err.hint
+
+
+def test_a_node_list_error_names_no_template_field():
+    err = _refused(_with_graph({"nodes": []}))
+    assert err.code == "invalid_graph" and err.message.startswith("graph.nodes: "), err.message
+    assert "Template" not in err.message
+
+
+def test_template_typos_over_http(tmp_path):
+    with app_client(tmp_path) as c:
+        err = assert_error(c.post("/v1/solve", json=_with_graph({"template": "resnett"})), 422, "invalid_graph")
+        assert "did you mean 'resnet'" in err["message"] and "densenet" in err["hint"]
+
+
+# -- 2. strict numbers --------------------------------------------------------------------------
+
+
+def test_a_quoted_target_is_an_invalid_target_not_a_number():
+    err = _refused({**mlp(), "targets": {"eta": "0.9"}})
+    assert err.code == "invalid_target" and err.message.startswith("targets.eta: "), err.message
+    assert "'0.9'" in err.message and "JSON number" in err.message
+
+
+@pytest.mark.parametrize(
+    "body,code",
+    [
+        (_with_graph({"template": "mlp", "depth": "5"}), "invalid_graph"),
+        (_with_graph({"template": "mlp", "depth": 5.0}), "invalid_graph"),
+        (_with_graph({"template": "mlp", "depth": 5, "bias": 1}), "invalid_graph"),
+        (_with_graph({"template": "resnet", "depth": 50, "version": 2.0}), "invalid_graph"),
+        (_with_graph({"template": "resnet", "depth": 50, "shortcut_weight": "0.5"}), "invalid_graph"),
+        (
+            _with_graph(
+                {
+                    "nodes": [
+                        {"id": "x", "op": "input", "shape": ["4"]},
+                        {"id": "d", "op": "dense", "inputs": ["x"], "units": 4},
+                        {"id": "o", "op": "output", "inputs": ["d"]},
+                    ]
+                }
+            ),
+            "invalid_graph",
+        ),
+        ({**mlp(), "c_map_points": "33"}, "invalid_request"),
+        ({**mlp(), "trainable": {"negative_slope": "true"}}, "invalid_request"),
+    ],
+)
+def test_numbers_and_booleans_are_not_coerced_from_other_types(body, code):
+    assert _refused(body).code == code
+
+
+def test_integers_are_numbers_where_floats_are_expected():
+    req = parse_solve_request({**mlp(), "method": "eoc", "targets": {"q_star": 1}})
+    assert req.targets.q_star == 1.0 and isinstance(req.targets.q_star, float)
+    req = parse_solve_request(_with_graph({"template": "resnet", "depth": 18, "shortcut_weight": 1}))
+    assert req.graph.shortcut_weight == 1.0
+
+
+def test_validation_fields_are_strict_too(tmp_path):
+    body = {"solve": mlp(), "dataset": "synthetic", "steps": "200"}
+    with app_client(tmp_path) as c:
+        err = assert_error(c.post("/v1/validations", json=body, headers=bearer(KEY_ONE)), 422, "invalid_request")
+        assert err["message"].startswith("steps: ")
+        quoted = {"solve": {**mlp(), "targets": {"eta": "0.5"}}, "dataset": "synthetic"}
+        assert_error(c.post("/v1/validations", json=quoted, headers=bearer(KEY_ONE)), 422, "invalid_target")
+
+
+# -- 3. activation names in PyTorch's spelling -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "typed,meant",
+    [("LeakyReLU", "leaky_relu"), ("Tanh", "tanh"), ("SiLU", "silu"), ("GELU", "gelu"), ("leaky_rleu", "leaky_relu")],
+)
+def test_pytorch_spellings_are_refused_with_the_catalogue_name(typed, meant):
+    """Suggested, not accepted (docs/contract.md section 3): one spelling per function."""
+    from sigprop.engine.solve import solve
+
+    with pytest.raises(SigpropError) as info:
+        solve(parse_solve_request({**mlp(), "activation": typed}))
+    err = info.value
+    assert err.code == "unsupported_activation"
+    assert f"did you mean '{meant}'" in err.message, err.message
+    assert "leaky_relu" in err.hint
+
+
+def test_a_name_close_to_nothing_gets_no_suggestion():
+    assert closest("Mish", ["tanh", "relu", "gelu"]) is None
+    assert closest("", ["tanh"]) is None
+
+
+# -- 4. str(SigpropError) -----------------------------------------------------------------------
+
+
+def test_str_of_an_error_carries_its_hint():
+    err = SigpropError("invalid_target", "eta must be in [0, 1)", "give eta between 0 and 1")
+    assert str(err) == "invalid_target: eta must be in [0, 1) (hint: give eta between 0 and 1)"
+    assert str(SigpropError("not_found", "no such key")) == "not_found: no such key"
+
+
+def test_str_of_an_error_the_client_raises_carries_its_hint():
+    body = {"error": {"code": "unreachable_target", "message": "eta 0.99 at depth 2", "hint": "use a deeper net"}}
+    response = httpx.Response(422, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    err = error_from_response(response)
+    assert isinstance(err, SigpropError) and "use a deeper net" in str(err)
+
+
+# -- 5. datasets that cannot feed the graph ----------------------------------------------------
+
+README_MLP = {
+    "graph": {"template": "mlp", "depth": 50, "width": 512},
+    "method": "tat",
+    "activation": "leaky_relu",
+    "targets": {"eta": 0.9},
+}
+
+
+def _submit(c, solve: dict, dataset: str = "digits"):
+    body = {"solve": solve, "dataset": dataset, "steps": 2, "batch_size": 8}
+    return c.post("/v1/validations", json=body, headers=bearer(KEY_ONE))
+
+
+def test_a_dataset_whose_inputs_do_not_fit_the_graph_is_refused_at_submission(tmp_path):
+    with app_client(tmp_path) as c:
+        err = assert_error(_submit(c, README_MLP), 422, "invalid_request")
+        assert "64 values" in err["message"] and "[512]" in err["message"], err
+        assert '"input_shape": [64]' in err["hint"]
+        assert c.get("/v1/validations", headers=bearer(KEY_ONE)).json()["total"] == 0  # nothing queued
+
+
+def test_a_dataset_whose_classes_do_not_fit_the_output_is_refused_at_submission(tmp_path):
+    solve = {**mlp(), "graph": {"template": "mlp", "depth": 3, "width": 8, "input_shape": [64], "classes": 5}}
+    with app_client(tmp_path) as c:
+        err = assert_error(_submit(c, solve), 422, "invalid_request")
+        assert "10 classes" in err["message"] and '"classes": 10' in err["hint"], err
+
+
+@pytest.mark.parametrize("shape", [[64], [1, 8, 8]])
+def test_a_graph_that_fits_digits_is_accepted(tmp_path, shape):
+    solve = {**mlp(), "graph": {"template": "mlp", "depth": 3, "width": 8, "input_shape": shape}}
+    with app_client(tmp_path) as c:
+        assert _submit(c, solve).status_code == 202
+
+
+def test_digits_facts_match_the_loaded_dataset():
+    """The policy's table of what digits feeds is the trainer's dataset (no drift)."""
+    pytest.importorskip("sklearn")
+    from sigprop.worker.dataset_policy import BUILTIN_FACTS
+    from sigprop.worker.datasets import load_dataset
+
+    ds = load_dataset("digits", 0)
+    assert BUILTIN_FACTS["digits"] == (ds.input_shape, ds.n_classes)
