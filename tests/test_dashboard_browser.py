@@ -51,6 +51,8 @@ SOLVES = {
         "targets": {"sparsity": 0.7, "v_slope": 0.7},
     },
     "geometric": {"graph": {"template": "cnn", "depth": 8, "width": 16}, "method": "geometric", "activation": "relu"},
+    # a long graph (about 250 levels) whose diagram must fit its box
+    "densenet121": {"graph": {"template": "densenet", "depth": 121}, "method": "eoc", "activation": "relu"},
 }
 VALIDATION = {
     "solve": {
@@ -291,6 +293,7 @@ def test_validation_page_follows_a_real_run(service, keys, driver, api):
     for plot in ("loss-plot", "accuracy-plot", "grad-plot", "c-values-plot"):
         wait_for(driver, lambda d: rendered_lines(d, plot), f"the {plot}")
     assert not severe_console_errors(driver)
+    assert_powers_of_ten(tick_labels(driver, "grad-plot", "ytick"))
     screenshot(driver, "validation-finished")
     # the solution page links it
     key = api.get(f"/v1/validations/{vid}").json()["key"]
@@ -337,3 +340,102 @@ def test_validation_page_live_progress(service, keys, driver, api):
         )
     finally:
         store.close()
+
+
+# -- layout at 800 and 1400 px --------------------------------------------------------------------
+
+WIDTHS = (800, 1400)
+
+
+def tick_labels(driver, plot_id: str, which: str) -> list[str]:
+    """The tick labels plotly drew on one axis kind (``ytick``, ``y2tick``, ...) of a plot."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(t => t.textContent)",
+        f"#{plot_id} .{which} text",
+    )
+
+
+def assert_powers_of_ten(labels: list[str]) -> None:
+    """One label per power of ten, written as a number (1, 0.1, 0.01, 1e-5): no 2s and 5s between."""
+    import math
+
+    assert len(labels) >= 2, labels
+    for text in labels:
+        value = float(text.replace("\u2212", "-"))  # plotly writes minus signs as U+2212
+        assert value > 0 and abs(math.log10(value) - round(math.log10(value))) < 1e-9, labels
+
+
+def rect(driver, selector: str) -> dict:
+    return driver.execute_script(
+        "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+        "return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width};",
+        selector,
+    )
+
+
+def at_width(driver, width: int) -> None:
+    driver.set_window_size(width, 1000)
+    inner = driver.execute_script("return window.innerWidth")
+    driver.set_window_size(width + (width - inner), 1000)  # the viewport itself is `width` wide
+
+
+# every plot drawn at its box's width (plotly's svg spans the 1 px borders too, hence 3 px of slack)
+PLOTS_FIT = (
+    "return Array.from(document.querySelectorAll('.js-plotly-plot')).every(p => {"
+    "  const s = p.querySelector('.main-svg');"
+    "  return s && Math.abs(s.getBoundingClientRect().width - p.clientWidth) <= 3;"
+    "})"
+)
+
+
+def layout_shot(driver, name: str, width: int) -> None:
+    """A screenshot at this width (the page's full height, the window grown to it), taken once
+    plotly has redrawn its plots for the new size (its resize handler runs after the resize)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return Math.min(5000, document.documentElement.scrollHeight)")
+    driver.set_window_size(width + (driver.get_window_size()["width"] - width), max(800, height + 140))
+    wait_for(driver, lambda d: d.execute_script(PLOTS_FIT), "the plots to fit the new window size")
+    driver.save_screenshot(str(ARTIFACTS / f"{name}-{width}.png"))
+    at_width(driver, width)
+    wait_for(driver, lambda d: d.execute_script(PLOTS_FIT), "the plots to fit the window again")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_list_shows_the_hits_column_within_the_viewport(service, keys, driver, width):
+    driver.get(f"{service.base_url}/dashboard")
+    at_width(driver, width)
+    layout_shot(driver, "list", width)  # first, so a failure leaves the picture to look at
+    viewport = driver.execute_script("return document.documentElement.clientWidth")
+    hits = rect(driver, "table.solutions thead th:last-child")
+    assert hits["right"] <= viewport + 0.5, (hits, viewport)
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= viewport  # no sideways page
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_densenet_diagram_fits_its_box(service, keys, driver, width):
+    driver.get(f"{service.base_url}/dashboard/solutions/{keys['densenet121']}")
+    at_width(driver, width)
+    layout_shot(driver, "diagram-densenet121", width)
+    box, svg = rect(driver, ".diagram"), rect(driver, "#graph-svg")
+    assert box["left"] - 0.5 <= svg["left"] and svg["right"] <= box["right"] + 0.5, (box, svg)
+    # everything drawn lies inside the viewBox (arcs included), so nothing is cut off
+    drawn, view = driver.execute_script(
+        "const s = document.getElementById('graph-svg'); const b = s.getBBox(); const v = s.viewBox.baseVal;"
+        "return [[b.x, b.y, b.x + b.width, b.y + b.height], [v.x, v.y, v.x + v.width, v.y + v.height]];"
+    )
+    assert view[0] <= drawn[0] and view[1] <= drawn[1] and drawn[2] <= view[2] and drawn[3] <= view[3], (drawn, view)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_c_map_insets_the_solved_curve_on_its_own_scale(service, keys, driver, width):
+    driver.get(f"{service.base_url}/dashboard/solutions/{keys['tat_lrelu']}")
+    at_width(driver, width)
+    wait_for(driver, lambda d: rendered_lines(d, "c-map"), "the C map")
+    layout_shot(driver, "c-map-tat-leaky-relu", width)
+    main_range, inset_range = driver.execute_script(
+        "const l = document.getElementById('c-map')._fullLayout; return [l.yaxis.range, l.yaxis2 && l.yaxis2.range];"
+    )
+    assert main_range[1] - main_range[0] >= 2  # the main plot keeps the whole [-1, 1]
+    assert inset_range and inset_range[1] - inset_range[0] < 0.5, inset_range  # eta = 0.9: about 0.83..1
+    assert len(tick_labels(driver, "c-map", "y2tick")) >= 3  # the inset has a scale of its own
+    assert rendered_lines(driver, "c-map")

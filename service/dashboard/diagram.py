@@ -119,7 +119,8 @@ def diagram(nodes: list[dict], max_nodes: int = MAX_DIAGRAM_NODES) -> dict:
     # spacing shrinks for long or wide graphs so the drawing stays a few thousand pixels at most
     dx = max(DIAGRAM_MIN_DX, min(DIAGRAM_DX, DIAGRAM_WIDTH / max(levels_shown, 1)))
     dy = max(DIAGRAM_MIN_DY, min(DIAGRAM_DY, DIAGRAM_HEIGHT / max(2 * half + 1, 1)))
-    top = DIAGRAM_PAD + dy * (half + 1.2)  # room above the middle row for the arcs
+    # room above the top row for the highest arc (an arc peaks ``_lift`` above its higher end)
+    top = DIAGRAM_PAD + dy * (half + max(1.2, _lift(_longest_skip(shown, preds, level), 1.0) + 0.4))
 
     def xy(i: int) -> tuple[float, float]:
         return DIAGRAM_PAD + level[i] * dx, top + slot[i] * dy
@@ -200,9 +201,20 @@ def _edges(shown: list[int], preds: list[list[int]], level: list[int], xy, dy: f
             if level[i] - level[j] <= 1:
                 lines.append(f"M{x0:.1f},{y0:.1f}L{x1:.1f},{y1:.1f}")
             else:  # an arc above both ends, higher for longer skips
-                lift = dy * (0.9 + 0.12 * min(level[i] - level[j], 12))
+                lift = _lift(level[i] - level[j], dy)
                 arcs.append(f"M{x0:.1f},{y0:.1f}Q{(x0 + x1) / 2:.1f},{min(y0, y1) - 2 * lift:.1f} {x1:.1f},{y1:.1f}")
     return lines, arcs
+
+
+def _lift(skip: int, dy: float) -> float:
+    """How far an arc over ``skip`` levels rises above its higher end (its control point sits twice
+    as high); 0 for an edge between neighbouring levels, which is a straight line."""
+    return dy * (0.9 + 0.12 * min(skip, 12)) if skip > 1 else 0.0
+
+
+def _longest_skip(shown: list[int], preds: list[list[int]], level: list[int]) -> int:
+    keep = set(shown)
+    return max((level[i] - level[j] for i in shown for j in preds[i] if j in keep), default=0)
 
 
 def _shape_path(shape: str, x: float, y: float) -> str:

@@ -223,7 +223,10 @@ def c_map_panel(key: str, answer: dict, request: dict, max_nodes: int = MAX_UNTR
     c = cm["c"]
     series = [{"name": "identity (C(c) = c)", "y": c, "dash": "dot", "color": "#868e96"}]
     if isinstance(cm.get("global"), list):
-        series.append({"name": "solved network (global C map)", "y": cm["global"], "color": "#1971c2", "width": 3})
+        # zoom: the page insets this curve on its own scale (a TAT curve spans 0.9..1 of [-1, 1])
+        series.append(
+            {"name": "solved network (global C map)", "y": cm["global"], "color": "#1971c2", "width": 3, "zoom": True}
+        )
     if isinstance(cm.get("local"), list):
         series.append(
             {

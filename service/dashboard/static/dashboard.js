@@ -65,16 +65,42 @@
 
   // -- solution page ----------------------------------------------------------------------------
 
+  /* The solved curve of a shaped network spans a sliver of [-1, 1] (TAT with eta = 0.9: C(c) from
+     about 0.8 to 1), so against the identity it reads as a flat line. When it spans less than a
+     quarter of the main axis, an inset in the lower right corner, where C < -0.2 (the identity
+     and the C maps of deep networks, which tend to 0 or 1, pass above it) draws it again on its own scale. */
+  const ZOOM_BELOW = 0.5;
+
+  function zoomInset(cm, traces, extra) {
+    const solved = cm.series.find((s) => s.zoom && s.y && s.y.length);
+    if (!solved) return;
+    const lo = Math.min(...solved.y), hi = Math.max(...solved.y);
+    if (hi - lo >= ZOOM_BELOW) return;
+    const pad = Math.max((hi - lo) * 0.08, 1e-6);
+    traces.push({type: "scatter", mode: "lines", name: solved.name + ", zoomed", x: cm.c, y: solved.y,
+      xaxis: "x2", yaxis: "y2", showlegend: false, line: {color: solved.color, width: 2},
+      hovertemplate: "c = %{x:.3f}<br>C = %{y:.5f}<extra>zoomed</extra>"});
+    extra.xaxis2 = axis("", {domain: [0.6, 0.98], anchor: "y2", range: [-1, 1], tickfont: {size: 10}});
+    extra.yaxis2 = axis("", {domain: [0.08, 0.34], anchor: "x2", range: [lo - pad, hi + pad], tickfont: {size: 10},
+      tickformat: ".3~f"});
+    extra.shapes = [{type: "rect", xref: "paper", yref: "paper", x0: 0.53, x1: 0.995, y0: 0.02, y1: 0.42,
+      fillcolor: "#fff", line: {color: "#ced4da", width: 1}, layer: "below"}];
+    extra.annotations = [{xref: "paper", yref: "paper", x: 0.79, y: 0.415, yanchor: "top", showarrow: false,
+      text: "solved network, zoomed", font: {size: 11, color: "#495057"}}];
+  }
+
   function drawCMap(cm) {
     const traces = cm.series.map((s) => ({
       type: "scatter", mode: "lines", name: s.name, x: cm.c, y: s.y, visible: s.visible || true,
       line: {color: s.color, dash: s.dash || "solid", width: s.width || 2},
       hovertemplate: "c = %{x:.3f}<br>C = %{y:.4f}<extra>" + "%{fullData.name}" + "</extra>",
     }));
-    draw("c-map", traces, {
+    const extra = {
       xaxis: axis("input correlation c", {range: [-1, 1]}),
-      yaxis: axis("output correlation C(c)"),
-    });
+      yaxis: axis("output correlation C(c)", {range: [-1.05, 1.05]}),
+    };
+    zoomInset(cm, traces, extra);
+    draw("c-map", traces, extra);
   }
 
   function drawVMap(vm) {
@@ -127,6 +153,19 @@
     draw(id, traces, Object.assign({xaxis: axis("step"), yaxis: axis(title)}, extra || {}));
   }
 
+  /* A log axis: plotly's automatic ticks label 2 and 5 within each decade ("5 2 1 5 2 0.1 5 2
+     0.01"), which reads as noise; one tick per power of ten, written as a plain number (1, 0.1,
+     0.01, then 1e-5 for the tiny ones), reads as a scale. The range runs from the power of ten
+     below the data to the one above, so even data within one decade gets two labelled ticks. */
+  function logTicks(series) {
+    const ys = series.flatMap((s) => s.y).filter((y) => y > 0 && Number.isFinite(y));
+    const ticks = {type: "log", dtick: 1, tickformat: "~g"};
+    if (!ys.length) return ticks;
+    const lo = Math.floor(Math.log10(Math.min(...ys)));
+    const hi = Math.ceil(Math.log10(Math.max(...ys)));
+    return Object.assign(ticks, {range: [lo, Math.max(hi, lo + 1)]});
+  }
+
   function drawGradNorms(series) {
     const runs = [...new Set(series.map((s) => s.run))];
     const traces = series.map((s) => ({
@@ -134,7 +173,7 @@
       hovertemplate: "%{text}<br>%{y:.4g}<extra>%{fullData.name}</extra>",
       line: {color: runColor(s.run, runs.indexOf(s.run)), dash: s.last ? "dot" : "solid"},
     }));
-    draw("grad-plot", traces, {xaxis: axis("weighted layer"), yaxis: axis("gradient norm", {type: "log"})});
+    draw("grad-plot", traces, {xaxis: axis("weighted layer"), yaxis: axis("gradient norm", logTicks(series))});
   }
 
   function drawCValues(series) {
