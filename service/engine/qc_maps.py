@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -67,6 +68,20 @@ def _z_kinks(act: Activation, input_scale: float, input_shift: float) -> list[fl
     return [(k - input_shift) / input_scale for k in (act.kinks or (0.0,))]
 
 
+@lru_cache(maxsize=16)
+def _node_values(act: Activation, input_scale: float, input_shift: float) -> tuple[np.ndarray, ...]:
+    """The rule (z, w) for phi(input_scale z + input_shift) and, on its nodes, phi, d/dz phi and
+    d2/dz2 phi: the costly part of ``local_stats``. A root search asks for the same (alpha, beta)
+    two or three times in one evaluation (the output shift from E[phi], the output scale from Q(1),
+    then the conditions), so the recent ones are kept; read-only, as they are shared."""
+    z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
+    u = input_scale * z + input_shift
+    out = (z, w, act.fn(u), input_scale * act.d1(u), input_scale**2 * act.d2(u))
+    for a in out[2:]:
+        a.flags.writeable = False
+    return out
+
+
 def local_stats(
     act: Activation,
     input_scale: float = 1.0,
@@ -75,11 +90,10 @@ def local_stats(
     output_shift: float = 0.0,
 ) -> LocalStats:
     """All the q = 1 quantities of phi_hat from one pass of the quadrature rule."""
-    z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
-    u = input_scale * z + input_shift
-    f = output_scale * (act.fn(u) + output_shift)
-    d1 = output_scale * input_scale * act.d1(u)
-    d2 = output_scale * input_scale**2 * act.d2(u)
+    z, w, f, d1, d2 = _node_values(act, float(input_scale), float(input_shift))
+    f = output_scale * (f + output_shift)
+    d1 = output_scale * d1
+    d2 = output_scale * d2
     return LocalStats(
         mean=float(w @ f),
         second=float(w @ (f * f)),

@@ -147,8 +147,12 @@ class _NearLinear:
         return np.asarray(r) / self.t
 
     def starting_points(self) -> list[tuple[float, ...]]:
+        """Positive input scales first, then their mirror images (-alpha, -beta): for a phi whose
+        positive-scale near-linear roots are all unstable (sigmoid: |alpha gamma| >= 4), the mirrored
+        root is the one the signed stability rule accepts, and the search reaches it every time."""
         tail = () if self.c_0 is not None else (0.0,)
-        return [(a, b) + tail for b in NEAR_LINEAR_SHIFTS for a in NEAR_LINEAR_SCALES]
+        points = [(a, b) + tail for b in NEAR_LINEAR_SHIFTS for a in NEAR_LINEAR_SCALES]
+        return points + [(-p[0], -p[1]) + p[2:] for p in points]
 
 
 def solve_transform(
