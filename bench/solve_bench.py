@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402
 from tests.dks_reference import load_modified_resnet, mlp_subnet_max_func  # noqa: E402
+from tests.test_availability import ladder  # noqa: E402  (the graph the availability tests refuse or solve)
 
 try:
     import dks  # noqa: F401
@@ -215,28 +216,12 @@ def large_cases() -> list[Case]:
     ]
 
 
-def ladder_graph(blocks: int, width: int = 8) -> dict:
-    """The "ladder": blocks x [dense -> activation -> sum(network input, activation)], every sum
-    also taking the graph's input (fan-out from one node to every sum)."""
-    nodes = [{"id": "input", "op": "input", "shape": [width]}]
-    x = "input"
-    for i in range(blocks):
-        nodes += [
-            {"id": f"d{i}", "op": "dense", "inputs": [x], "units": width},
-            {"id": f"a{i}", "op": "activation", "inputs": [f"d{i}"]},
-            {"id": f"s{i}", "op": "sum", "inputs": ["input", f"a{i}"]},
-        ]
-        x = f"s{i}"
-    nodes.append({"id": "output", "op": "output", "inputs": [x]})
-    return {"schema": "sigprop.graph/v1", "nodes": nodes}
-
-
 def adversarial_cases() -> list[tuple[Case, float]]:
     """(case, goal in seconds): valid requests that were quadratic or huge, time against size."""
     d4870 = {"template": "densenet", "depth": 4870, "growth_rate": 1, "input_shape": [1, 4, 4]}
     tat = ("tat", "leaky_relu", {"eta": 0.3})
     return [
-        (Case(f"ladder {k} blocks, TAT leaky_relu eta=0.3", ladder_graph(k), *tat), goal)
+        (Case(f"ladder {k} blocks, TAT leaky_relu eta=0.3", ladder(k), *tat), goal)
         for k, goal in ((1000, 1.5), (3000, 1.5), (10_000, 2.0))
     ] + [(Case("densenet-4870 growth 1 [1,4,4], TAT leaky_relu eta=0.3", d4870, *tat), 2.0)]
 
