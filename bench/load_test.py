@@ -91,7 +91,7 @@ HOT_SET = [
         "targets": {"tau": 0.3},
     },
     {
-        "graph": {"template": "resnet", "depth": 18, "version": 1},
+        "graph": {"template": "resnet", "depth": 18, "version": 1, "shortcut_weight": 0.0},  # v1: no shortcut
         "method": "dks",
         "activation": "gelu",
         "targets": {"zeta": 1.5},
