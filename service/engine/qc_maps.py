@@ -82,6 +82,19 @@ def _node_values(act: Activation, input_scale: float, input_shift: float) -> tup
     return out
 
 
+def raw_mean(act: Activation, input_scale: float, input_shift: float) -> float:
+    """E[phi(input_scale z + input_shift)]: what the output shift cancels."""
+    _, w, f, _, _ = _node_values(act, float(input_scale), float(input_shift))
+    return float(w @ f)
+
+
+def shifted_second(act: Activation, input_scale: float, input_shift: float, output_shift: float) -> float:
+    """E[(phi(input_scale z + input_shift) + output_shift)^2]: Q(1) before the output scale."""
+    _, w, f, _, _ = _node_values(act, float(input_scale), float(input_shift))
+    g = f + output_shift
+    return float(w @ (g * g))
+
+
 def local_stats(
     act: Activation,
     input_scale: float = 1.0,

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import SigpropError
 from .activations import get_activation
-from .qc_maps import local_stats
+from .qc_maps import local_stats, raw_mean, shifted_second
 from .transform import ABSOLUTE_FLOOR, NUM_TRIES, RESIDUAL_TOL, TransformSolution, _root, starting_points
 
 # dks: "the maximum value of local_c_slope_1 that can be achieved in ReLUs given a positive input
@@ -65,8 +65,8 @@ class _Problem:
         slope = params.pop("negative_slope", None)
         act = self.activation(slope)
         a, b = params["input_scale"], params["input_shift"]
-        delta = -local_stats(act, a, b).mean
-        second = local_stats(act, a, b, 1.0, delta).second
+        delta = -raw_mean(act, a, b)
+        second = shifted_second(act, a, b, delta)
         if not (np.isfinite(second) and second > 0.0):
             return None
         out = {

@@ -24,7 +24,7 @@ import scipy.optimize as sp_opt
 
 from ..errors import SigpropError
 from .activations import Activation
-from .qc_maps import local_stats
+from .qc_maps import local_stats, raw_mean, shifted_second
 
 # dks's search order: its "always try" values, then seeded uniform draws (dks/base/activation_transform.py).
 _ALWAYS_TRY = {
@@ -86,10 +86,8 @@ def complete_params(act: Activation, names: tuple[str, ...], p, c_0_target: floa
     params = {name: float(v) for name, v in zip(names, p, strict=False)}
     a, b = params["input_scale"], params["input_shift"]
     if c_0_target is not None:
-        raw = local_stats(act, a, b)
-        params["output_shift"] = float(np.sqrt(c_0_target) - raw.mean)
-    shifted = local_stats(act, a, b, 1.0, params["output_shift"])
-    params["output_scale"] = float(1.0 / np.sqrt(shifted.second))
+        params["output_shift"] = float(np.sqrt(c_0_target) - raw_mean(act, a, b))
+    params["output_scale"] = float(1.0 / np.sqrt(shifted_second(act, a, b, params["output_shift"])))
     return params
 
 
@@ -127,12 +125,12 @@ class _NearLinear:
         alpha, beta = u[0] * self.root_t, u[1]
         if self.c_0 is not None:
             return np.array([alpha, beta])
-        return np.array([alpha, beta, self.t * u[2] - local_stats(self.act, alpha, beta).mean])
+        return np.array([alpha, beta, self.t * u[2] - raw_mean(self.act, alpha, beta)])
 
     def from_reference(self, p) -> np.ndarray:
         u = [p[0] / self.root_t, p[1]]
         if self.c_0 is None:
-            u.append((local_stats(self.act, p[0], p[1]).mean + p[2]) / self.t)
+            u.append((raw_mean(self.act, p[0], p[1]) + p[2]) / self.t)
         return np.asarray(u)
 
     def residuals(self, u) -> np.ndarray:
