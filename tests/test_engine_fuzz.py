@@ -9,21 +9,10 @@ from hypothesis import strategies as st
 from sigprop.engine.solve import solve
 from sigprop.errors import SigpropError
 from sigprop.requests import parse_solve_request
+from sigprop.schemas.graph import OPS as GRAPH_OPS
 
-OPS = [
-    "dense",
-    "conv",
-    "activation",
-    "sum",
-    "concat",
-    "avg_pool",
-    "max_pool",
-    "global_avg_pool",
-    "flatten",
-    "dropout",
-    "identity",
-    "lstm",
-]
+# every op of the graph contract between the input and the output, and one it does not have
+OPS = [op for op in GRAPH_OPS if op not in ("input", "output")] + ["lstm"]
 METHODS = [
     ("tat", "leaky_relu", {"eta": 0.5}),
     ("tat", "softplus", {"tau": 0.3}),
