@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         solve_timeout_s=settings.solve_timeout_s,
         solver=SolverPool(settings.solve_processes) if settings.solve_processes else None,
         # Redis only: the SQLite file has no change notifications to keep a memory coherent
-        hot=state.cache.hot_answers() if hasattr(state.cache, "hot_answers") else None,
+        hot=state.cache.hot_answers(),
     )
     state.validations = make_validations(settings, state.solutions)
     state.offload = Offload(settings.solve_timeout_s)

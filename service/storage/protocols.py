@@ -81,6 +81,11 @@ class SolutionCache(Protocol):
 
     def close(self) -> None: ...
 
+    def hot_answers(self) -> Any:
+        """This process's coherent memory of hot answers (``hot.HotAnswers``), or None where the
+        backend cannot keep one coherent across processes (SQLite: every hit reads the file)."""
+        ...
+
 
 class ValidationStore(Protocol):
     """Validation jobs. Records are dicts with the ValidationJob fields (``records.decode_validation``);

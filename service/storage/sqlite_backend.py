@@ -133,6 +133,9 @@ class SqliteSolutionCache(_SqliteFile):
     )
     EVICT_PER_PUT = 1000
 
+    def hot_answers(self) -> None:
+        return None  # no invalidation channel between processes: hits read the file
+
     def __init__(
         self,
         path: Path,
