@@ -93,7 +93,7 @@ def _global_pool(nd, s: Shape) -> Shape:
 
 def _sum(nd, in_shapes: list[Shape]) -> Shape:
     s = in_shapes[0]
-    if any(other != s for other in in_shapes[1:]):
+    if in_shapes.count(s) != len(in_shapes):
         raise _invalid(
             f"sum node '{nd.id}' adds shapes {[list(x) for x in in_shapes]}",
             "all inputs of a sum must have the same shape",
@@ -102,7 +102,7 @@ def _sum(nd, in_shapes: list[Shape]) -> Shape:
     weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
     if len(weights) != n:
         raise _invalid(f"sum node '{nd.id}' has {n} inputs but {len(weights)} weights", "give one weight per input")
-    sq = sum(w * w for w in weights)
+    sq = sum([w * w for w in weights])
     if abs(sq - 1.0) > SUM_WEIGHT_TOLERANCE:
         norm = math.sqrt(sq) if sq > 0 else 1.0
         raise _invalid(
@@ -138,12 +138,13 @@ def node_shape(nd, in_shapes: list[Shape]) -> Shape:
 
     Raises ``SigpropError("invalid_graph")`` saying what is wrong when the rules reject it.
     """
-    if nd.op == "input":
+    op = nd.op
+    if (rule := _ONE_INPUT.get(op)) is not None:
+        return rule(nd, in_shapes[0])
+    if (rule := _MANY_INPUTS.get(op)) is not None:
+        return rule(nd, in_shapes)
+    if op == "input":
         return tuple(nd.shape)
-    if nd.op in _MANY_INPUTS:
-        return _MANY_INPUTS[nd.op](nd, in_shapes)
-    if nd.op in _ONE_INPUT:
-        return _ONE_INPUT[nd.op](nd, in_shapes[0])
     return in_shapes[0]  # activation, dropout, identity, output
 
 

@@ -14,11 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import SigpropError
-from ..schemas.graph import Graph
-from ..schemas.shapes import check_arity, node_shape
+from ..schemas.activations import ACTIVATION_NAMES
+from ..schemas.graph import OPS, Graph
+from ..schemas.shapes import ARITY, check_arity, node_shape
 
 # Kinds of node for the Q/C map analysis (TAT paper section 2.3, Appendix B.4).
 SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
@@ -40,9 +44,15 @@ _KIND = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Node:
-    """One node in canonical numbering; ``inputs`` are canonical indices of earlier nodes."""
+    """One node in canonical numbering; ``inputs`` are canonical indices of earlier nodes.
+
+    Slotted, and not frozen: a frozen dataclass sets each field through ``object.__setattr__``,
+    which made creating nodes (one per node of a request, again for its anonymized copy) a good
+    part of a cold request's graph work. Nothing mutates or hashes nodes (``attrs``, a dict, made
+    a frozen node unhashable anyway).
+    """
 
     index: int
     user_id: str
@@ -72,9 +82,14 @@ class NetworkGraph:
         """The graph as plain data with canonical indices for ids: what the cache key hashes."""
         return [{"op": nd.op, "inputs": list(nd.inputs), **nd.attrs} for nd in self.nodes]
 
+    def canonical_json(self) -> str:
+        """``json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))``, the text the cache
+        key hashes, written row by row (see ``_row_json``): the generic encoder took about as long
+        as building the whole graph."""
+        return "[" + ",".join([_row_json(nd) for nd in self.nodes]) + "]"
+
     def digest(self) -> str:
-        payload = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def anonymized(self) -> NetworkGraph:
         """The same graph with ids replaced by canonical placeholders ``#<index>`` ('#' is not
@@ -114,6 +129,36 @@ class NetworkGraph:
         return sum(1 for nd in self.nodes if nd.kind == kind)
 
 
+def _row_json(nd: Node) -> str:
+    """One node of ``canonical_json``: ``json.dumps({"op": nd.op, "inputs": list(nd.inputs), **nd.attrs},
+    sort_keys=True, separators=(",", ":"))``, directly for the attributes most nodes have (checked
+    to be of the types written the same way: names JSON needs no escapes for, ints, bools) and
+    through ``json.dumps`` for the rest. ``inputs`` are canonical indices, ints by construction."""
+    op, attrs = nd.op, nd.attrs
+    if op in _NAMES:
+        ins = nd.inputs
+        ins = str(ins[0]) if len(ins) == 1 else ",".join(map(str, ins))
+        if not attrs:
+            return f'{{"inputs":[{ins}],"op":"{op}"}}'
+        if len(attrs) == 1:
+            fn = attrs.get("fn")
+            if type(fn) is str and fn in _NAMES:  # an activation
+                return f'{{"fn":"{fn}","inputs":[{ins}],"op":"{op}"}}'
+            weights = attrs.get("weights")
+            if type(weights) is list and _finite_floats(weights):  # a sum
+                return f'{{"inputs":[{ins}],"op":"{op}","weights":[{",".join(map(float.__repr__, weights))}]}}'
+        elif len(attrs) == 2:
+            units, bias = attrs.get("units"), attrs.get("bias")
+            if type(units) is int and type(bias) is bool:  # a dense layer
+                return f'{{"bias":{"true" if bias else "false"},"inputs":[{ins}],"op":"{op}","units":{units}}}'
+    return json.dumps({"op": op, "inputs": list(nd.inputs), **attrs}, sort_keys=True, separators=(",", ":"))
+
+
+# Ops and activation names: strings JSON writes as they are between quotes.
+_NAMES = frozenset(OPS) | frozenset(ACTIVATION_NAMES)
+assert all(name.isascii() and name.isidentifier() for name in _NAMES)
+
+
 def _invalid(message: str, hint: str) -> SigpropError:
     return SigpropError("invalid_graph", message, hint)
 
@@ -122,114 +167,213 @@ def _pair(value) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-def _infer(nd, in_shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], dict]:
-    """Output shape (the contract's rules, ``schemas.shapes``) and canonical attributes of one node."""
-    shape = node_shape(nd, in_shapes)
-    op = nd.op
-    if op == "input":
-        return shape, {"shape": list(nd.shape)}
-    if op == "dense":
-        return shape, {"units": nd.units, "bias": nd.bias}
-    if op == "conv":
-        return shape, {
-            "channels": nd.channels,
-            "kernel": list(_pair(nd.kernel)),
-            "stride": list(_pair(nd.stride)),
-            "padding": nd.padding,
-            "bias": nd.bias,
-        }
-    if op in ("avg_pool", "max_pool"):
-        stride = nd.stride if nd.stride is not None else nd.kernel
-        # padding only when given, so graphs without it keep their canonical form and cache keys
-        return shape, {
-            "kernel": list(_pair(nd.kernel)),
-            "stride": list(_pair(stride)),
-            **({"padding": nd.padding} if nd.padding else {}),
-        }
-    if op == "dropout":
-        return shape, {"rate": nd.rate}
-    if op == "sum":
-        n = len(in_shapes)
-        weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
-        return shape, {"weights": [float(w) for w in weights]}
-    return shape, {}  # global_avg_pool, flatten, concat, activation, identity, output
+class _SumView(NamedTuple):
+    """A sum node with its weights in its canonical input order: what the shape rules and ``_ATTRS``
+    read of it (a pydantic ``model_copy`` per sum cost more than all the rest of its work)."""
+
+    id: str
+    op: str
+    weights: list[float]
+
+
+def _conv_attrs(nd, n: int) -> dict:
+    return {
+        "channels": nd.channels,
+        "kernel": list(_pair(nd.kernel)),
+        "stride": list(_pair(nd.stride)),
+        "padding": nd.padding,
+        "bias": nd.bias,
+    }
+
+
+def _pool_attrs(nd, n: int) -> dict:
+    stride = nd.stride if nd.stride is not None else nd.kernel
+    # padding only when given, so graphs without it keep their canonical form and cache keys
+    return {
+        "kernel": list(_pair(nd.kernel)),
+        "stride": list(_pair(stride)),
+        **({"padding": nd.padding} if nd.padding else {}),
+    }
+
+
+def _sum_attrs(nd, n: int) -> dict:
+    weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
+    return {"weights": [float(w) for w in weights]}
+
+
+# Canonical attributes by op, given the node and its number of inputs; the other ops have none
+# (global_avg_pool, flatten, concat, identity, output) or are the most common, written out in
+# ``_canonical_nodes`` (activation: its function; dense: units and bias).
+_ATTRS = {
+    "input": lambda nd, n: {"shape": list(nd.shape)},
+    "conv": _conv_attrs,
+    "avg_pool": _pool_attrs,
+    "max_pool": _pool_attrs,
+    "dropout": lambda nd, n: {"rate": nd.rate},
+    "sum": _sum_attrs,
+}
 
 
 def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkGraph:
-    """Validate a wire graph and return its canonical form (see module docstring)."""
-    by_id: dict[str, object] = {}
-    for nd in graph.nodes:
-        if nd.id in by_id:
-            raise _invalid(f"node id '{nd.id}' is used twice", "give every node a unique id")
-        by_id[nd.id] = nd
+    """Validate a wire graph and return its canonical form (see module docstring).
 
-    outputs = [nd.id for nd in graph.nodes if nd.op == "output"]
+    ``graph`` is a ``Graph`` or anything with its validated ``nodes``. Errors come in a fixed
+    order, whatever the work skipped on the way: duplicate ids, the output count, each node's
+    arity and inputs (in listing order), cycles, then each live node's shape and activation
+    function in canonical order.
+    """
+    wire = graph.nodes
+    by_id = {nd.id: nd for nd in wire}
+    if len(by_id) != len(wire):
+        _raise_duplicate(wire)
+    outputs = [nd.id for nd in wire if nd.op == "output"]
     if len(outputs) != 1:
         raise _invalid(
             f"the graph has {len(outputs)} output nodes" + (f" ({', '.join(outputs[:5])})" if outputs else ""),
             "exactly one node must have op 'output'; merge several heads with a concat or sum first",
         )
-
-    for nd in graph.nodes:
-        check_arity(nd)
-        for src in nd.inputs:
-            if src not in by_id:
-                raise _invalid(
-                    f"node '{nd.id}' reads from '{src}', which is not in the graph",
-                    "every id in 'inputs' must be the id of a node in 'nodes'",
-                )
-            if by_id[src].op == "output":
-                raise _invalid(f"node '{nd.id}' reads from the output node '{src}'", "the output node must be last")
-
-    topo = _topological_order(graph.nodes, by_id)
-    ordered = _canonical_input_order(topo, by_id, default_activation)
-
-    # Iterative post-order DFS from the output, following inputs in canonical order (sum inputs
-    # sorted by the structure of what feeds them, so listing a sum's branches in another order
-    # is the same graph).
-    order: list[str] = []
-    seen: set[str] = {outputs[0]}
-    stack: list[tuple[str, int]] = [(outputs[0], 0)]
-    while stack:
-        nid, pos = stack[-1]
-        ins = ordered[nid][0]
-        if pos < len(ins):
-            stack[-1] = (nid, pos + 1)
-            nxt = ins[pos]
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append((nxt, 0))
-        else:
-            stack.pop()
-            order.append(nid)
+    out_id = outputs[0]
+    in_order, joins = _check_edges(wire, by_id, out_id)
+    # A graph listed after its inputs (templates, torch exports, most written by hand) has no
+    # cycle, and its listing is a topological order: Kahn's algorithm is for the others.
+    topo = wire if in_order else _topological_order(wire, by_id)
+    if joins:
+        sums = _canonical_sum_order(topo, default_activation)
+        order = _post_order(by_id, out_id, sums)
+    else:  # no sum or concat: the live nodes are the chain that ends in the output
+        sums = {}
+        order = _chain(by_id, out_id)
+    nodes = _canonical_nodes(order, sums, default_activation)
     warnings = []
-    dropped = [nd.id for nd in graph.nodes if nd.id not in seen]
-    if dropped:
+    if len(order) != len(wire):
+        live = {nd.id for nd in order}
+        dropped = [nd.id for nd in wire if nd.id not in live]
         warnings.append(f"{len(dropped)} node(s) do not reach the output and were ignored: {', '.join(dropped[:10])}")
-
-    index = {nid: i for i, nid in enumerate(order)}
-    nodes: list[Node] = []
-    for i, nid in enumerate(order):
-        nd = by_id[nid]
-        ins = tuple(index[x] for x in ordered[nid][0])
-        if nd.op == "sum":
-            nd = nd.model_copy(update={"weights": ordered[nid][1]})
-        shape, attrs = _infer(nd, [nodes[j].shape for j in ins])
-        if nd.op == "activation":
-            fn = nd.fn or default_activation
-            if fn is None:
-                raise _invalid(
-                    f"activation node '{nid}' names no function", "set 'fn' on the node or 'activation' on the request"
-                )
-            attrs = {"fn": fn}
-        nodes.append(Node(i, nid, nd.op, _KIND[nd.op], ins, attrs, shape))
     if not any(nd.kind == SOURCE for nd in nodes):
         raise _invalid("no input node reaches the output", "add an 'input' node feeding the network")
     return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=warnings)
 
 
-def _topological_order(wire_nodes, by_id) -> list[str]:
-    """Kahn's algorithm over every node (dead branches too): a cycle anywhere is an invalid graph."""
+def _raise_duplicate(wire_nodes) -> None:
+    """Raise for the first node whose id an earlier node has."""
+    earlier: set[str] = set()
+    for nd in wire_nodes:
+        if nd.id in earlier:
+            raise _invalid(f"node id '{nd.id}' is used twice", "give every node a unique id")
+        earlier.add(nd.id)
+
+
+def _check_edges(wire_nodes, by_id, out_id: str) -> tuple[bool, bool]:
+    """Check every node's arity and inputs (dead nodes too), in listing order. Return whether each
+    node is listed after its inputs, and whether any node has several inputs."""
+    in_order, joins = True, False
+    earlier: set[str] = set()
+    for nd in wire_nodes:
+        srcs = nd.inputs
+        if len(srcs) != 1 or nd.op in ARITY:  # every other op takes exactly one input
+            check_arity(nd)
+            joins = joins or len(srcs) > 1
+        for src in srcs:
+            if src not in earlier:
+                if src not in by_id:
+                    raise _invalid(
+                        f"node '{nd.id}' reads from '{src}', which is not in the graph",
+                        "every id in 'inputs' must be the id of a node in 'nodes'",
+                    )
+                in_order = False
+            if src == out_id:  # the one node with op 'output'
+                raise _invalid(f"node '{nd.id}' reads from the output node '{src}'", "the output node must be last")
+        earlier.add(nd.id)
+    return in_order, joins
+
+
+def _chain(by_id, out_id: str) -> list:
+    """The live nodes of an acyclic graph whose nodes have one input at most, in canonical order:
+    the nodes the output reads through, from the input on (what ``_post_order`` finds, directly)."""
+    order = [by_id[out_id]]
+    while srcs := order[-1].inputs:
+        order.append(by_id[srcs[0]])
+    order.reverse()
+    return order
+
+
+def _post_order(by_id, out_id: str, sums) -> list:
+    """Iterative post-order DFS from the output, following inputs in canonical order (sum inputs
+    sorted by the structure of what feeds them, so listing a sum's branches in another order is
+    the same graph): the live nodes in canonical order.
+
+    The stack is three lists (node, its inputs, the next one to follow): an object per entry would
+    keep a deep network's whole depth of them alive, for the garbage collector to scan."""
+    order = []
+    seen = {out_id}
+    out = by_id[out_id]
+    stack, inputs, positions = [out], [out.inputs], [0]
+    while stack:
+        srcs, pos = inputs[-1], positions[-1]
+        n = len(srcs)
+        while pos < n and srcs[pos] in seen:
+            pos += 1
+        if pos == n:
+            inputs.pop()
+            positions.pop()
+            order.append(stack.pop())
+        else:
+            src = srcs[pos]
+            positions[-1] = pos + 1
+            seen.add(src)
+            child = by_id[src]
+            stack.append(child)
+            inputs.append(sums[src][0] if src in sums else child.inputs)
+            positions.append(0)
+    return order
+
+
+def _canonical_nodes(order: list, sums, default_activation) -> list[Node]:
+    """The canonical nodes of wire nodes in canonical order: indices, shapes (the contract's rules,
+    ``schemas.shapes``) and canonical attributes."""
+    nodes: list[Node] = []
+    index: dict[str, int] = {}
+    for i, nd in enumerate(order):
+        nid, op = nd.id, nd.op
+        index[nid] = i
+        if nid in sums:
+            srcs, weights = sums[nid]
+            nd = _SumView(nid, op, weights)
+        else:
+            srcs = nd.inputs
+        if len(srcs) == 1:
+            j = index[srcs[0]]
+            ins: tuple[int, ...] = (j,)
+            if op == "activation":  # its input's shape
+                fn = nd.fn or default_activation
+                if fn is None:
+                    raise _invalid(
+                        f"activation node '{nid}' names no function",
+                        "set 'fn' on the node or 'activation' on the request",
+                    )
+                nodes.append(Node(i, nid, op, ACT, ins, {"fn": fn}, nodes[j].shape))
+                continue
+            in_shapes = [nodes[j].shape]
+        elif len(srcs) == 2:  # most sums
+            j, k = index[srcs[0]], index[srcs[1]]
+            ins = (j, k)
+            in_shapes = [nodes[j].shape, nodes[k].shape]
+        else:
+            ins = tuple([index[x] for x in srcs])
+            in_shapes = [nodes[j].shape for j in ins]
+        shape = node_shape(nd, in_shapes)
+        if op == "dense":
+            attrs = {"units": nd.units, "bias": nd.bias}
+        else:
+            make = _ATTRS.get(op)
+            attrs = make(nd, len(ins)) if make is not None else {}
+        nodes.append(Node(i, nid, op, _KIND[op], ins, attrs, shape))
+    return nodes
+
+
+def _topological_order(wire_nodes, by_id) -> list:
+    """Kahn's algorithm over every node (dead branches too): a cycle anywhere is an invalid graph.
+    Returns the nodes, each after its inputs."""
     indegree = {nd.id: len(nd.inputs) for nd in wire_nodes}
     users: dict[str, list[str]] = {nd.id: [] for nd in wire_nodes}
     for nd in wire_nodes:
@@ -251,39 +395,134 @@ def _topological_order(wire_nodes, by_id) -> list[str]:
             + (f" (nodes on or after it: {', '.join(stuck[:6])})" if len(stuck) > 1 else ""),
             "the graph must be acyclic: remove the edge that loops back",
         )
-    return order
+    return [by_id[nid] for nid in order]
 
 
-def _canonical_input_order(
-    topo: list[str], by_id, default_activation
-) -> dict[str, tuple[list[str], list[float] | None]]:
-    """Each node's inputs in canonical order, with a sum's weights permuted alongside.
+def _canonical_sum_order(topo, default_activation) -> dict[str, tuple[list[str], list[float]]]:
+    """Each sum's inputs in canonical order, with its weights permuted alongside, by sum id.
 
     A structural hash of every node (its op, attributes and its inputs' hashes) orders a sum's
     (input, weight) pairs; concat keeps its order, which fixes the channel layout. A graph without
     sums has nothing to order, and skips the hashing (most of a chain's graph-building time).
+    ``topo`` is every node, each after its inputs.
+
+    The hash is sha256 of ``json.dumps([attrs, input_hashes, weights], sort_keys=True, default=str)``
+    with ``attrs`` the node's ``model_dump()`` without id, inputs and weights (an activation's
+    ``fn`` defaulted), as it was first defined: it fixes canonical graphs, hence cache keys. The
+    text is written out directly (``_attrs_text``, ``_json``), without the dump and the generic
+    encoder, which took most of a large residual graph's build time.
     """
+    sums: dict[str, tuple[list[str], list[float]]] = {}
+    if not any(nd.op == "sum" for nd in topo):
+        return sums
     digest: dict[str, str] = {}
-    ordered: dict[str, tuple[list[str], list[float] | None]] = {}
-    if not any(by_id[nid].op == "sum" for nid in topo):
-        return {nid: (list(by_id[nid].inputs), None) for nid in topo}
-    for nid in topo:
-        nd = by_id[nid]
-        attrs = nd.model_dump(exclude={"id", "inputs", "weights"})
-        if nd.op == "activation":
-            attrs["fn"] = nd.fn or default_activation
-        ins, weights = list(nd.inputs), None
+    texts: dict = {}
+    sha256 = hashlib.sha256
+    for nd in topo:
+        ins = nd.inputs
+        attrs = _attrs_text(nd, default_activation, texts)
         if nd.op == "sum":
-            n = len(ins)
-            w = list(nd.weights) if nd.weights is not None and len(nd.weights) == n else [1.0 / math.sqrt(n)] * n
-            pairs = sorted(zip(ins, w, strict=False), key=lambda p: (digest[p[0]], p[1]))
-            ins, weights = [p[0] for p in pairs], [p[1] for p in pairs]
-            if nd.weights is not None and len(nd.weights) != n:
-                weights = list(nd.weights)  # wrong length: _infer reports it
-        ordered[nid] = (ins, weights)
-        key = json.dumps([attrs, [digest[i] for i in ins], weights], sort_keys=True, default=str)
-        digest[nid] = hashlib.sha256(key.encode()).hexdigest()
-    return ordered
+            n, given = len(ins), nd.weights
+            w = list(given) if given is not None and len(given) == n else [1.0 / math.sqrt(n)] * n
+            if n == 2:  # what the stable sort below does with two
+                (a, b), (wa, wb) = ins, w
+                da, db = digest[a], digest[b]
+                if (db, wb) < (da, wa):
+                    a, b, da, db, wa, wb = b, a, db, da, wb, wa
+                ins, weights, digests = [a, b], [wa, wb], f'["{da}", "{db}"]'
+            else:
+                pairs = sorted(zip(ins, w, strict=False), key=lambda p: (digest[p[0]], p[1]))
+                ins, weights = [p[0] for p in pairs], [p[1] for p in pairs]
+                digests = _strings([digest[i] for i in ins])
+            if given is not None and len(given) != n:
+                weights = list(given)  # wrong length: the shape rules report it
+            sums[nd.id] = (ins, weights)
+            text = f"[{attrs}, {digests}, {_floats(weights)}]"
+        elif len(ins) == 1:
+            text = f'[{attrs}, ["{digest[ins[0]]}"], null]'
+        else:
+            text = f"[{attrs}, {_strings([digest[i] for i in ins])}, null]"
+        digest[nd.id] = sha256(text.encode()).hexdigest()
+    return sums
+
+
+# Per wire node class (a node model, or the template builder's stand-in for one): the names of its
+# ``model_dump()`` without id, inputs and weights, sorted, a getter of their values as a tuple,
+# and where "fn" is among them (or -1).
+_LAYOUTS: dict[type, tuple[tuple[str, ...], Callable, int]] = {}
+
+
+def _attrs_text(nd, default_activation, texts: dict) -> str:
+    """``json.dumps(attrs, sort_keys=True, default=str)`` for a node's structural hash (see
+    ``_canonical_sum_order``). ``texts`` remembers it by the node's class and values, when these
+    are strings, ints, bools or None (equal values of these exact types are written alike; floats
+    are not: 0.0 == -0.0), so each of the many nodes alike in a graph costs a lookup."""
+    layout = _LAYOUTS.get(type(nd))
+    if layout is None:
+        # the keys of model_dump(): a node model has neither computed nor excluded fields
+        names = tuple(sorted(name for name in type(nd).model_fields if name not in ("id", "inputs", "weights")))
+        getter = operator.attrgetter(*names)
+        layout = _LAYOUTS[type(nd)] = (
+            names,
+            getter if len(names) > 1 else lambda node: (getter(node),),
+            names.index("fn") if "fn" in names else -1,
+        )
+    names, values_of, fn = layout
+    values = values_of(nd)
+    types = tuple(map(type, values))
+    key = (type(nd), values, types) if _SCALARS.issuperset(types) else None
+    text = texts.get(key)
+    if text is None:
+        if fn >= 0 and nd.op == "activation":
+            values = values[:fn] + (values[fn] or default_activation,) + values[fn + 1 :]
+        text = "{" + ", ".join([f'"{name}": {_json(v)}' for name, v in zip(names, values, strict=True)]) + "}"
+        if key is not None:
+            texts[key] = text
+    return text
+
+
+_SCALARS = frozenset((str, int, bool, type(None)))
+
+
+def _strings(hexdigests: list[str]) -> str:
+    """``json.dumps`` of a list of hex digests."""
+    return '["' + '", "'.join(hexdigests) + '"]' if hexdigests else "[]"
+
+
+def _floats(values: list) -> str:
+    """``json.dumps`` of a sum's weights (``_json``, directly for finite floats)."""
+    if _finite_floats(values):
+        return "[" + ", ".join(map(float.__repr__, values)) + "]"
+    return _json(values)
+
+
+def _finite_floats(values: list) -> bool:
+    """Whether all values are finite floats, which JSON writes as ``float.__repr__`` does."""
+    for v in values:
+        if type(v) is not float or not math.isfinite(v):
+            return False
+    return True
+
+
+def _json(value) -> str:
+    """``json.dumps(value, sort_keys=True, default=str)``, directly for the types wire nodes hold."""
+    kind = type(value)
+    if kind is str:
+        # json.dumps escapes quotes, backslashes and all but printable ASCII
+        if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            return f'"{value}"'
+    elif kind is int:
+        return int.__repr__(value)
+    elif kind is bool:
+        return "true" if value else "false"
+    elif kind is float:
+        if math.isfinite(value):
+            return float.__repr__(value)
+    elif kind is list or kind is tuple:
+        return "[" + ", ".join([_json(v) for v in value]) + "]"
+    elif value is None:
+        return "null"
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def correlated_sum_warnings(nodes: list[Node]) -> list[str]:

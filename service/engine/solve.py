@@ -24,7 +24,7 @@ from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structur
 from .graph import SUM, NetworkGraph, build_graph
 from .methods import METHOD_TARGETS, METHODS, MethodInput, check_targets
 from .subnetworks import compile_subnetworks
-from .templates import expand_template
+from .templates import expand_template_nodes
 
 __all__ = ["METHOD_TARGETS", "Prepared", "prepare", "relabel_text", "request_key", "solve", "solve_canonical"]
 
@@ -41,11 +41,20 @@ class Prepared:
         return [nd.user_id for nd in self.graph.nodes]
 
 
+# Stands for the graph in the key's payload until its text is put in place: json.dumps writes it
+# as "\u0000graph", which nothing else in the payload can be (its strings are validated names).
+_GRAPH_SLOT = "\x00graph"
+
+
 def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
-    """Hex digest of the canonical request: equal for reordered or renamed graphs (contract 2)."""
+    """Hex digest of the canonical request: equal for reordered or renamed graphs (contract 2).
+
+    The payload is hashed as ``json.dumps(payload, sort_keys=True, separators=(",", ":"))`` with
+    ``graph.canonical()`` under "graph"; that part's text comes from ``graph.canonical_json()``.
+    """
     payload = {
         "engine": ENGINE_VERSION,
-        "graph": graph.canonical(),
+        "graph": _GRAPH_SLOT,
         "method": request.method,
         "activation": request.activation,
         "targets": {k: float(v) for k, v in request.targets.model_dump(exclude_none=True).items()},
@@ -56,11 +65,14 @@ def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
         payload["trainable"] = request.trainable.model_dump()
     if request.assumptions != "strict":  # the default leaves the key as it was
         payload["assumptions"] = request.assumptions
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    text = text.replace(json.dumps(_GRAPH_SLOT), graph.canonical_json(), 1)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def prepare(request: SolveRequest) -> Prepared:
-    wire_graph = expand_template(request.graph) if isinstance(request.graph, Template) else request.graph
+    # a template's nodes as the engine reads them: the same graph as expand_template's, built faster
+    wire_graph = expand_template_nodes(request.graph) if isinstance(request.graph, Template) else request.graph
     graph = build_graph(wire_graph, default_activation=request.activation)
     return Prepared(request, graph, request_key(graph, request))
 

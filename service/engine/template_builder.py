@@ -1,8 +1,9 @@
 """The node builder and parameter helpers the template expanders of :mod:`sigprop.engine.templates` share.
 
-:class:`_Builder` appends nodes in topological order and tracks each node's shape as the graph
-engine infers it; :func:`_param` writes one documented template parameter; :class:`TemplateSize`
-is a template's exact size from its parameters alone.
+:class:`_Builder` appends nodes in topological order, tracks each node's shape as the graph
+engine infers it and validates the nodes (a :class:`~sigprop.schemas.Graph`, or
+:class:`TemplateNodes` for the engine); :func:`_param` writes one documented template parameter;
+:class:`TemplateSize` is a template's exact size from its parameters alone.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from pydantic import TypeAdapter, ValidationError
+
 from sigprop.errors import SigpropError
-from sigprop.schemas import Template
+from sigprop.schemas import GRAPH_SCHEMA, Graph, Template
+from sigprop.schemas.graph import Node, NodeId
 
 _DEPTH_LIMIT = 100_000  # Template.depth's schema bound
 
@@ -54,20 +58,96 @@ def _bad(message: str, hint: str) -> SigpropError:
     return SigpropError("invalid_request", message, hint)
 
 
+_NODE = TypeAdapter(Node)
+_IDS = TypeAdapter(list[NodeId])
+
+
+class _WireNode:
+    """A validated wire node's fields as plain attributes: what the graph engine reads of a
+    template's nodes (``_Builder.engine_nodes``), several times cheaper to make than the pydantic
+    model. One subclass per node model, named after it and showing its ``model_fields``."""
+
+    model_fields: dict = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.__dict__})"
+
+
+_WIRE_TYPES: dict[type, type] = {}
+
+
+class TemplateNodes(NamedTuple):
+    """A template's nodes as the graph engine reads them (``build_graph`` takes it for a graph)."""
+
+    nodes: list
+
+
+def _wire_type(model: type) -> type:
+    wire = _WIRE_TYPES.get(model)
+    if wire is None:
+        wire = _WIRE_TYPES[model] = type(model.__name__, (_WireNode,), {"model_fields": model.model_fields})
+    return wire
+
+
 class _Builder:
-    """Appends nodes in topological order and tracks each node's shape (as the graph engine infers it)."""
+    """Appends nodes in topological order and tracks each node's shape (as the graph engine infers it).
+
+    Each node is recorded with a key: what its fields other than id and inputs are made of (the
+    builder call and its arguments, ints, bools and strings, with their types: equal keys, equal
+    fields), or None for nodes checked one by one (the input node, sums and concats).
+    ``engine_nodes`` validates one node per key.
+    """
 
     def __init__(self, template: str):
         self.template = template
         self.nodes: list[dict] = []
+        self.keys: list[tuple | None] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
 
-    def _add(self, node: dict, shape: tuple[int, ...]) -> str:
+    def _add(self, node: dict, shape: tuple[int, ...], key: tuple | None = None) -> str:
         nid = node["id"]
         assert nid not in self.shapes, nid  # ids are generated; a clash is a bug here
         self.nodes.append(node)
+        self.keys.append(key)
         self.shapes[nid] = shape
         return nid
+
+    def graph(self) -> Graph:
+        """The nodes as a validated graph (raises pydantic's ``ValidationError``)."""
+        return Graph.model_validate({"schema": GRAPH_SCHEMA, "nodes": self.nodes})
+
+    def engine_nodes(self) -> list | None:
+        """``self.graph().nodes`` as the graph engine reads them, without validating every node: a
+        request's template expansion is on the path of every cold solve, and validating each node
+        cost more than building it. None when a node is invalid (``graph`` says which).
+
+        The ids are validated all at once, and one node per key: the schema checks each field on
+        its own, so a node that differs only in its (valid) id and inputs validates to the same
+        fields. Those nodes are ``_WireNode``s with these fields; the others the validated models.
+        """
+        try:
+            _IDS.validate_python([node["id"] for node in self.nodes])
+            nodes: list = []
+            protos: dict[tuple, tuple[type, dict]] = {}
+            new = object.__new__
+            for node, key in zip(self.nodes, self.keys, strict=True):
+                proto = protos.get(key)  # None for a node without a key: those are not stored
+                if proto is None:
+                    validated = _NODE.validate_python(node)
+                    if key is None:
+                        nodes.append(validated)
+                        continue
+                    proto = protos[key] = (_wire_type(type(validated)), validated.__dict__)
+                wire_type, fields = proto
+                fields = fields.copy()
+                fields["id"] = node["id"]
+                fields["inputs"] = node["inputs"]
+                wire = new(wire_type)
+                wire.__dict__ = fields
+                nodes.append(wire)
+        except ValidationError:
+            return None
+        return nodes
 
     def _too_small(self, nid: str) -> SigpropError:
         first = self.nodes[0]["shape"]
@@ -81,7 +161,8 @@ class _Builder:
         return self._add({"id": "input", "op": "input", "shape": list(shape)}, tuple(shape))
 
     def dense(self, nid: str, src: str, units: int, bias: bool) -> str:
-        return self._add({"id": nid, "op": "dense", "inputs": [src], "units": units, "bias": bias}, (units,))
+        key = ("dense", units, type(units), bias, type(bias))
+        return self._add({"id": nid, "op": "dense", "inputs": [src], "units": units, "bias": bias}, (units,), key)
 
     def conv(self, nid: str, src: str, channels: int, kernel: int, stride: int, bias: bool) -> str:
         _, h, w = self.shapes[src]
@@ -98,6 +179,7 @@ class _Builder:
                 "bias": bias,
             },
             (channels, h, w),
+            ("conv", channels, type(channels), kernel, type(kernel), stride, type(stride), bias, type(bias)),
         )
 
     def pool(self, nid: str, op: str, src: str, kernel: int, stride: int) -> str:
@@ -105,10 +187,11 @@ class _Builder:
         h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1  # no padding
         if h < 1 or w < 1:
             raise self._too_small(nid)
-        return self._add({"id": nid, "op": op, "inputs": [src], "kernel": kernel, "stride": stride}, (c, h, w))
+        key = (op, kernel, type(kernel), stride, type(stride))
+        return self._add({"id": nid, "op": op, "inputs": [src], "kernel": kernel, "stride": stride}, (c, h, w), key)
 
     def act(self, nid: str, src: str) -> str:
-        return self._add({"id": nid, "op": "activation", "inputs": [src]}, self.shapes[src])
+        return self._add({"id": nid, "op": "activation", "inputs": [src]}, self.shapes[src], ("activation",))
 
     def sum(self, nid: str, srcs: list[str], weights: list[float]) -> str:
         return self._add({"id": nid, "op": "sum", "inputs": list(srcs), "weights": list(weights)}, self.shapes[srcs[0]])
@@ -124,7 +207,7 @@ class _Builder:
             shape = (math.prod(shape),)
         elif op == "global_avg_pool":
             shape = (shape[0],)
-        return self._add({"id": nid, "op": op, "inputs": [src]}, shape)
+        return self._add({"id": nid, "op": op, "inputs": [src]}, shape, (op,))
 
     def head(self, src: str, classes: int, bias: bool, pool: bool) -> None:
         if pool:
