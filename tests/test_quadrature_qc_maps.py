@@ -402,7 +402,9 @@ def test_hermite_c_map_of_leaky_relu_within_its_tail_bound(a):
     h = HermiteCMap(get_activation("leaky_relu", negative_slope=a), output_scale=math.sqrt(2 / (1 + a * a)))
     cs = np.linspace(-1, 1, 401)
     err = np.max(np.abs(h(cs) - leaky_relu_c_map(cs, a)))
-    assert err <= h.tail
+    # for ReLU the bound 2 R / Q(1) is attained, at c = -1: the two sides differ there by the
+    # rounding of evaluating both maps
+    assert err <= h.tail + 4e-16
     assert float(h(1.0)) == pytest.approx(1.0, abs=1e-15)
     assert abs(h.coefficients[0] - (1 - a) ** 2 / (math.pi * (1 + a * a))) < 1e-12
     if a == 0.0:

@@ -56,6 +56,13 @@ from ..schemas.activations import (
     SMOOTH_ACTIVATIONS,
     activation_info,
 )
+from .activation_jets import JETS
+from .stable_math import SQRT_2_OVER_PI as _SQRT_2_OVER_PI
+from .stable_math import TWO_OVER_SQRT_PI as _TWO_OVER_SQRT_PI
+from .stable_math import arr as _arr
+from .stable_math import exp_neg as _exp_neg
+from .stable_math import normal_pdf as _normal_pdf
+from .stable_math import sig_pair as _sig_pair
 
 # fmt: off
 __all__ = ["Activation", "ACTIVATION_NAMES", "ACTIVATION_ALIASES", "SMOOTH_ACTIVATIONS", "PIECEWISE_LINEAR_ACTIVATIONS",
@@ -63,14 +70,6 @@ __all__ = ["Activation", "ACTIVATION_NAMES", "ACTIVATION_ALIASES", "SMOOTH_ACTIV
 # fmt: on
 
 ArrayFn = Callable[[np.ndarray], np.ndarray]
-
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-
-# exp(-a) for a above this is below the smallest normal double: answer exactly 0 instead of
-# computing a subnormal (which would raise under np.errstate(under="raise")).
-_EXP_CUTOFF = 700.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +88,8 @@ class Activation:
     params: tuple[tuple[str, float], ...] = ()
     # False where phi' itself jumps (selu, elu with alpha != 1, the piecewise-linear ones)
     d1_continuous: bool = True
+    # (phi, phi', phi'') in one pass that shares the work (``activation_jets``); None: three calls
+    jet: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def __call__(self, x) -> np.ndarray:
         return self.fn(x)
@@ -96,31 +97,6 @@ class Activation:
     @property
     def piecewise_linear(self) -> bool:
         return not self.smooth
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _arr(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.float64)
-
-
-def _exp_neg(a: np.ndarray) -> np.ndarray:
-    """exp(-a) for a >= 0, exactly 0 where it would underflow."""
-    return np.where(a > _EXP_CUTOFF, 0.0, np.exp(-np.minimum(a, _EXP_CUTOFF)))
-
-
-def _sig_pair(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sigmoid(x), sigmoid(-x)) without cancellation or overflow."""
-    e = _exp_neg(np.abs(x))  # in [0, 1]
-    big = 1.0 / (1.0 + e)  # sigmoid(|x|)
-    small = e * big  # sigmoid(-|x|), relative accuracy kept for large |x|
-    pos = x >= 0
-    return np.where(pos, big, small), np.where(pos, small, big)
-
-
-def _normal_pdf(x: np.ndarray) -> np.ndarray:
-    return _INV_SQRT_2PI * _exp_neg(0.5 * x * x)
 
 
 def _sech2(x: np.ndarray) -> np.ndarray:
@@ -552,6 +528,7 @@ def get_activation(name: str, **params) -> Activation:
         description=info.description,
         params=tuple(sorted(p.items())),
         d1_continuous=bool(spec.d1_continuous(**p)),
+        jet=JETS.get(info.name) if not p else None,
     )
 
 
@@ -593,4 +570,5 @@ def transformed(
         positively_homogeneous=act.positively_homogeneous and b == 0.0 and d == 0.0,
         description=f"{c!r} * ({act.name}({a!r} * x + {b!r}) + {d!r}); {act.name}: {act.description}",
         d1_continuous=act.d1_continuous or a == 0.0,
+        jet=None,
     )

@@ -25,8 +25,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from .activation_jets import ANALYTIC_STRIP
 from .activations import Activation
-from .quadrature import bivariate_rule, gaussian_rule
+from .quadrature import SERIES_RULE, bivariate_rule, gaussian_rule
+from .quadrature import clear_cache as quadrature_rules_clear
 
 
 @dataclass(frozen=True)
@@ -68,18 +70,46 @@ def _z_kinks(act: Activation, input_scale: float, input_shift: float) -> list[fl
     return [(k - input_shift) / input_scale for k in (act.kinks or (0.0,))]
 
 
+# A phi(alpha z + beta) analytic in a strip of half-width at least this around the real axis (in z)
+# is integrated to rounding by the unaligned rule, whose panels are up to 2 wide (tanh with alpha =
+# 0.75, strip 2.1: 2.3e-15 of each moment's scale; atan's strip of 1.33 at the same alpha: 1.8e-12).
+# Then the rule need not follow the bend -beta / alpha as a root search moves it: each new aligned
+# rule costs about 20 us, as much as evaluating phi, phi' and phi'' on it.
+UNALIGNED_STRIP = 2.0
+
+
+def moment_rule(act: Activation, input_scale: float, input_shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """The rule for the Gaussian moments of phi(input_scale z + input_shift) and its derivatives."""
+    strip = ANALYTIC_STRIP.get(act.jet, 0.0) if act.jet is not None else 0.0
+    if strip >= UNALIGNED_STRIP * abs(input_scale):
+        return gaussian_rule(scale=input_scale)
+    return gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
+
+
 @lru_cache(maxsize=16)
 def _node_values(act: Activation, input_scale: float, input_shift: float) -> tuple[np.ndarray, ...]:
     """The rule (z, w) for phi(input_scale z + input_shift) and, on its nodes, phi, d/dz phi and
     d2/dz2 phi: the costly part of ``local_stats``. A root search asks for the same (alpha, beta)
     two or three times in one evaluation (the output shift from E[phi], the output scale from Q(1),
-    then the conditions), so the recent ones are kept; read-only, as they are shared."""
-    z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
+    then the conditions), so the recent ones are kept; read-only, as they are shared.
+
+    The output shift is added node by node where it is used: when it nearly cancels E[phi] (C(0) = 0
+    with a near-linear phi) that keeps Q(1) as accurate as the nodes' values allow, which the
+    depth-5000 targets need (their per-layer C''(1) of 2e-7 is met to 1e-9 relative)."""
+    z, w = moment_rule(act, input_scale, input_shift)
     u = input_scale * z + input_shift
-    out = (z, w, act.fn(u), input_scale * act.d1(u), input_scale**2 * act.d2(u))
+    f, d1, d2 = act.jet(u) if act.jet is not None else (act.fn(u), act.d1(u), act.d2(u))
+    out = (z, w, f, input_scale * d1, input_scale**2 * d2)
     for a in out[2:]:
         a.flags.writeable = False
     return out
+
+
+def clear_caches() -> None:
+    """Forget the per-(alpha, beta) node values and quadrature rules: a process that never saw a
+    request has none of them, so ``bench/solve_bench.py`` clears them before each timed solve."""
+    _node_values.cache_clear()
+    quadrature_rules_clear()
 
 
 def raw_mean(act: Activation, input_scale: float, input_shift: float) -> float:
@@ -104,16 +134,18 @@ def local_stats(
 ) -> LocalStats:
     """All the q = 1 quantities of phi_hat from one pass of the quadrature rule."""
     z, w, f, d1, d2 = _node_values(act, float(input_scale), float(input_shift))
-    f = output_scale * (f + output_shift)
-    d1 = output_scale * d1
-    d2 = output_scale * d2
+    f = f + output_shift
+    # the six expectations as one matrix-vector product (a root search's evaluations are
+    # dominated by numpy's per-call cost on a few hundred nodes, not by arithmetic)
+    m = np.stack([f, f * f, d1, d1 * d1, d2 * d2, f * d1 * z]) @ w
+    c, c2 = output_scale, output_scale * output_scale
     return LocalStats(
-        mean=float(w @ f),
-        second=float(w @ (f * f)),
-        d1_mean=float(w @ d1),
-        d1_sq=float(w @ (d1 * d1)),
-        d2_sq=float(w @ (d2 * d2)),
-        q_slope_1=float(w @ (f * d1 * z)),
+        mean=c * float(m[0]),
+        second=c2 * float(m[1]),
+        d1_mean=c * float(m[2]),
+        d1_sq=c2 * float(m[3]),
+        d2_sq=c2 * float(m[4]),
+        q_slope_1=c2 * float(m[5]),
     )
 
 
@@ -123,10 +155,27 @@ def leaky_relu_c_map(c, negative_slope):
     C(c) = c + (1 - a)^2 / (pi (1 + a^2)) * (sqrt(1 - c^2) - c * arccos(c)); vectorized over c
     and the negative slope a.
     """
-    c = np.clip(c, -1.0, 1.0)
     a = negative_slope
-    k = (1.0 - a) ** 2 / (np.pi * (1.0 + a * a))
-    return c + k * (np.sqrt(1.0 - c * c) - c * np.arccos(c))
+    return rectifier_c_map(c, (1.0 - a) ** 2 / (np.pi * (1.0 + a * a)))
+
+
+def rectifier_c_map(c, k):
+    """c + k (sqrt(1 - c^2) - c arccos c): equation 9 with k = (1 - a)^2 / (pi (1 + a^2)) given.
+
+    A global map applies this once per layer to the whole sample, so it is written with as few
+    numpy calls as it takes (np.clip's dispatch alone costs more than the map on 100 points)."""
+    c = np.minimum(np.maximum(c, -1.0), 1.0)
+    if np.ndim(c) == 0:
+        return c + k * (np.sqrt(1.0 - c * c) - c * np.arccos(c))
+    out = c * c
+    np.subtract(1.0, out, out=out)
+    np.sqrt(out, out=out)
+    t = np.arccos(c)
+    t *= c
+    out -= t
+    out *= k
+    out += c
+    return out
 
 
 def leaky_relu_c_map_scalar(c: float, negative_slope: float) -> float:
@@ -177,41 +226,68 @@ class HermiteCMap:
         output_shift: float = 0.0,
         terms: int = 96,
     ):
-        z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
+        widest, tail = SERIES_RULE
+        z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale, widest=widest, tail=tail)
         f = output_scale * (act.fn(input_scale * z + input_shift) + output_shift)
         second = float(w @ (f * f))
-        coef = np.empty(terms)
+        coef = np.zeros(terms)
         h_prev, h = np.zeros_like(z), np.ones_like(z)
+        wf = w * f
+        quiet = _QUIET_BELOW * second
         for k in range(terms):
-            coef[k] = float(w @ (f * h))
-            h_prev, h = h, (z * h - np.sqrt(k) * h_prev) / np.sqrt(k + 1)
+            coef[k] = float(wf @ h)
+            # a smooth phi_hat's a_k^2 fall geometrically (every other one is 0 for an odd or even
+            # phi_hat): once _QUIET_RUN of them in a row are below 1e-22 Q(1), the rest is far
+            # below what _trimmed folds anyway, so the recurrence stops (after ~20 terms, not 96)
+            if k >= _QUIET_RUN and np.all(coef[k - _QUIET_RUN + 1 : k + 1] ** 2 < quiet):
+                break
+            h_prev, h = h, (z * h - _SQRT[k] * h_prev) * _INV_SQRT[k + 1]
         power = coef**2
         rest = max(0.0, second - float(power.sum()))
         self.tail = 2.0 * rest / second
-        self.coefficients = _trimmed(np.append(power, rest) / second)
+        self.coefficients = _trimmed(power / second, rest / second)
+        self._buffer: dict[int, np.ndarray] = {}  # the powers of c, per sample size (one thread per map)
 
     def __call__(self, c):
         """C(c), elementwise for an array: every power of c from one cumulative product and one
-        dot product (a global map calls this once per layer, so no Python loop over terms)."""
+        dot product (a global map calls this once per layer, so no Python loop over terms, and
+        as few numpy calls as possible: on a 100-point sample their dispatch is the cost).
+
+        An array is not clipped to [-1, 1]: the map is a polynomial, finite everywhere, with
+        non-negative coefficients summing to 1, so it maps [-1, 1] into itself up to rounding."""
         coef = self.coefficients
         if np.ndim(c) != 1 or len(coef) == 1:
             return np.polynomial.polynomial.polyval(np.clip(c, -1.0, 1.0), coef)
-        powers = np.repeat(np.minimum(np.maximum(c, -1.0), 1.0)[None], len(coef) - 1, axis=0)
-        np.multiply.accumulate(powers, axis=0, out=powers)
-        return coef[0] + coef[1:] @ powers
+        powers = self._buffer.get(len(c))
+        if powers is None:
+            powers = self._buffer[len(c)] = np.ones((len(coef), len(c)))  # row 0 stays 1
+        powers[1:] = c
+        np.multiply.accumulate(powers, axis=0, out=powers)  # rows 1, c, c^2, ...
+        return coef @ powers
 
+
+_QUIET_BELOW = 1e-22
+_QUIET_RUN = 4
+_SQRT = np.sqrt(np.arange(200.0))
+_INV_SQRT = 1.0 / np.where(_SQRT > 0, _SQRT, 1.0)
 
 # Coefficients whose whole suffix sums to less than this are folded into one term: on [-1, 1] that
 # moves C(c) by at most twice the folded mass, far below double precision's 1e-16 on C(c) ~ 1.
 _FOLD_BELOW = 1e-18
 
 
-def _trimmed(coefficients: np.ndarray) -> np.ndarray:
-    """The series with its negligible tail folded into a single last term (C(1) = 1 still holds
-    exactly): a smooth activation's a_k^2 decay geometrically, so about 15 of the 97 terms remain,
-    and every evaluation of the map costs that much less."""
-    suffix = np.cumsum(coefficients[::-1])[::-1]
+def _trimmed(series: np.ndarray, rest: float) -> np.ndarray:
+    """The series' coefficients with its negligible tail folded into a single last term, which
+    also carries the truncation remainder ``rest`` (so C(1) = 1 still holds exactly): a smooth
+    activation's a_k^2 decay geometrically, so about 15 of the 97 terms remain, and every
+    evaluation of the map costs that much less.
+
+    The remainder is left out of the test for what is negligible: for a smooth phi_hat it is the
+    rounding of Q(1) - sum a_k^2 (about 1e-16), which would otherwise keep every term. Moving it
+    from c^terms to a lower power changes C(c) by at most 2 rest on [-1, 1], the accuracy ``tail``
+    reports anyway."""
+    suffix = np.cumsum(series[::-1])[::-1]
     keep = int(np.count_nonzero(suffix >= _FOLD_BELOW))
-    if keep >= len(coefficients) - 1:
-        return coefficients
-    return np.append(coefficients[:keep], suffix[keep])
+    if keep >= len(series):
+        return np.append(series, rest)
+    return np.append(series[:keep], suffix[keep] + rest)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import scipy.optimize as sp_opt
@@ -73,12 +74,14 @@ class TransformSolution:
     residual: float
 
 
-def starting_points(names: tuple[str, ...], num_tries: int = NUM_TRIES) -> list[tuple[float, ...]]:
+@lru_cache(maxsize=8)
+def starting_points(names: tuple[str, ...], num_tries: int = NUM_TRIES) -> tuple[tuple[float, ...], ...]:
+    """dks's starting points, in its order (fixed by the seed: computed once per process)."""
     points = list(itertools.product(*(_ALWAYS_TRY[p] for p in names)))
     rng = np.random.RandomState(_SEED)
     while len(points) < num_tries:
         points.append(tuple(rng.uniform(low=_LOW[p], high=_HIGH[p]) for p in names))
-    return points
+    return tuple(points)
 
 
 def complete_params(act: Activation, names: tuple[str, ...], p, c_0_target: float | None) -> dict[str, float]:
@@ -96,7 +99,7 @@ def _reference_residuals(act, names, c_0, targets):
     q_slope_1, c_slope_1, c_curv_1 = targets
 
     def residuals(p):
-        if not (abs(p[0]) <= MAX_INPUT_SCALE and np.all(np.abs(p[1:]) <= 1e3)):
+        if not (abs(p[0]) <= MAX_INPUT_SCALE and all(abs(v) <= 1e3 for v in p[1:].tolist())):
             return np.full(len(names), _PENALTY)
         st = local_stats(act, **complete_params(act, names, p, c_0))
         r = [st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1]
@@ -135,7 +138,7 @@ class _NearLinear:
 
     def residuals(self, u) -> np.ndarray:
         p = self.to_reference(u)
-        if not (abs(p[0]) <= MAX_INPUT_SCALE and np.all(np.abs(p[1:]) <= 1e3)):
+        if not (abs(p[0]) <= MAX_INPUT_SCALE and all(abs(v) <= 1e3 for v in p[1:].tolist())):
             return np.full(len(self.names), _PENALTY)
         st = local_stats(self.act, **complete_params(self.act, self.names, p, self.c_0))
         q_slope_1, c_slope_1, c_curv_1 = self.targets
