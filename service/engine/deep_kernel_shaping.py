@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize as sp_opt
 
 from ..errors import SigpropError
 from .activations import Activation
+from .roots import complex_step, newton_bracketed
 from .subnetworks import SubnetworkProgram
 from .transform import TransformSolution, solve_transform
 
@@ -49,7 +49,15 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
             f"no per-layer slope reaches a maximal C'_f(1) of {zeta}",
             "use a smaller zeta, or check that the graph's nonlinear layers reach the output",
         )
-    return float(sp_opt.brentq(lambda x: max_slope(program, x) - zeta, 1.0, hi, xtol=1e-15, rtol=1e-15, maxiter=200))
+    # mu_f^1(1) = 1 < zeta; from zeta^(1/depth), exact for a chain, Newton needs a few passes
+    start = min(zeta ** (1.0 / max(program.nonlinear_depth(), 1)), hi)
+    return newton_bracketed(
+        lambda x: complex_step(lambda z: program.maximize(1.0, lambda y, _slot: z * y) - zeta, x),
+        1.0,
+        hi,
+        start,
+        f_lo=1.0 - zeta,
+    )
 
 
 @dataclass(frozen=True)
@@ -103,10 +111,15 @@ def max_slope_and_curvature(program: SubnetworkProgram, local_slope, local_curv)
     recipe; DKS needs the general form because its layers have C'(1) = zeta^(1/L) != 1.
     ``local_slope`` and ``local_curv`` are numbers, or one per activation function slot.
     """
-    slopes, curvs = np.atleast_1d(local_slope), np.atleast_1d(local_curv)
+    slopes = [float(v) for v in np.atleast_1d(local_slope)]
+    curvs = [float(v) for v in np.atleast_1d(local_curv)]
+    one_slope, one_curv = len(slopes) == 1, len(curvs) == 1
 
+    # the pair (y1, y2) travels as the complex number y1 + i y2: sums and concatenations are real
+    # linear maps, which act on both parts alike, and a layer is s y + i k y1^2 (no array per node)
     def layer(y, slot):
-        s, k = slopes[slot if slopes.size > 1 else 0], curvs[slot if curvs.size > 1 else 0]
-        return np.array([s * y[0], k * y[0] ** 2 + s * y[1]])
+        s, k = slopes[0 if one_slope else slot], curvs[0 if one_curv else slot]
+        return s * y + 1j * (k * y.real * y.real)
 
-    return program.maximize(np.array([1.0, 0.0]), layer)
+    found = [complex(v) for v in program.endpoint_values(complex(1.0, 0.0), layer)]
+    return np.array([max(v.real for v in found), max(v.imag for v in found)])

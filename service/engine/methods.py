@@ -8,6 +8,7 @@ echoed from the targets.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, spar
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
-from .qc_maps import HermiteCMap, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats
+from .qc_maps import HermiteCMap, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats, rectifier_c_map
 from .subnetworks import SubnetworkProgram
 
 
@@ -79,13 +80,14 @@ def check_targets(request: SolveRequest) -> dict[str, float]:
 
 
 def _summary(graph: NetworkGraph, program: SubnetworkProgram) -> GraphSummary:
+    kinds = Counter(nd.kind for nd in graph.nodes)
     return GraphSummary(
         nodes=graph.n,
-        depth=graph.depth(),
-        activations=graph.count(ACT),
-        sums=graph.count(SUM),
-        concats=graph.count(CONCAT),
-        weighted=sum(1 for nd in graph.nodes if nd.kind == "affine"),
+        depth=program.nonlinear_depth(),  # the whole network's pass: graph.depth() without a walk
+        activations=kinds[ACT],
+        sums=kinds[SUM],
+        concats=kinds[CONCAT],
+        weighted=kinds["affine"],
         subnetworks_considered=program.regions,
     )
 
@@ -135,10 +137,13 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
     phi_hat = transformed(get_activation("leaky_relu", negative_slope=a), output_scale=out_scale)
     st = local_stats(phi_hat)
     grid = _c_grid(m.request.c_map_points)
-    local = lambda c, _slot: leaky_relu_c_map(c, a)  # noqa: E731
-    relu = lambda c, _slot: leaky_relu_c_map(c, 0.0)  # noqa: E731
     scalar = lambda c, _slot: leaky_relu_c_map_scalar(c, a)  # noqa: E731
-    global_at = program.global_map(np.append(grid, 0.0), local)  # the sample grid and c = 0 in one pass
+    # one pass of the global map for the sample grid and c = 0 with slope a (row 0) and for the
+    # untransformed ReLU (row 1): a pass costs a local map evaluation per layer, whatever its size
+    rows = np.tile(np.append(grid, 0.0), (2, 1))
+    ks = np.array([[(1.0 - a) ** 2 / (np.pi * (1.0 + a * a))], [1.0 / np.pi]])
+    both = program.global_map(rows, lambda c, _slot: rectifier_c_map(c, ks))
+    global_at = both[0]
     return Solution(
         **m.common(),
         negative_slope=a,
@@ -155,8 +160,8 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
         c_map=CMapSample(
             c=grid.tolist(),
             global_=global_at[:-1].tolist(),
-            local=local(grid, 0).tolist(),
-            untransformed=program.global_map(grid, relu).tolist(),
+            local=leaky_relu_c_map(grid, a).tolist(),
+            untransformed=both[1, :-1].tolist(),
         ),
         jacobian=jacobian.summary(graph, act),
         layers=layer_inits(graph, m.request.init),

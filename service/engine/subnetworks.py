@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -53,17 +54,38 @@ class SubnetworkProgram:
     def regions(self) -> int:
         return sum(len(g.endpoints) for g in self.groups)
 
+    @cached_property
+    def _depth(self) -> int:
+        """The most nonlinear layers on a path through the whole network (group 0)."""
+        d: dict[int, int] = {}
+        group = self.groups[0]
+        for node, op, ins, _ in group.steps:
+            if op == _OP_MIX:
+                d[node] = max(d[i] for i in ins)
+            else:
+                d[node] = 0 if ins is None else d[ins] + (op == _OP_ACT)
+        return d.get(self.output, 0)
+
+    def nonlinear_depth(self) -> int:
+        """The most nonlinear layers on a path from an input to the output (``NetworkGraph.depth``)."""
+        return self._depth
+
     def global_map(self, x, r: LocalMap):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
         vals = self._run(self.groups[0], x, r)
         return vals[self.output]
 
-    def maximize(self, x, r: LocalMap):
-        """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
+    def endpoint_values(self, x, r: LocalMap) -> list:
+        """U_{g,r}(x) of every largest subnetwork g: what M_{f,r}(x) is the maximum of."""
         found = []
         for g in self.groups:
             vals = self._run(g, x, r)
             found.extend(vals[t] for t in g.endpoints)
+        return found
+
+    def maximize(self, x, r: LocalMap):
+        """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
+        found = self.endpoint_values(x, r)
         if len(found) == 1:
             return found[0]
         # one reduction instead of a numpy call per endpoint (thousands on a ladder); the same
@@ -169,26 +191,27 @@ def _valid_steps(preds: list[list[int]], idom: list[int], pdom: Callable[[int, i
 
 
 def _euler_intervals(parent: list[int], root: int) -> tuple[list[int], list[int]]:
-    """Entry and exit times of a DFS over the tree of ``parent`` (nodes 0..n-1, ``root`` = n):
-    u is in v's subtree iff tin[v] <= tin[u] and tout[u] <= tout[v]. O(n)."""
+    """Entry and exit times of a pre-order walk of the tree of ``parent`` (nodes 0..n-1, ``root`` =
+    n, every parent numbered above its children): u is in v's subtree iff tin[v] <= tin[u] and
+    tout[u] <= tout[v]. O(n), with no stack: subtree sizes bottom-up (children come first), then
+    each node takes the next free slot of its parent's interval top-down. The post-dominator
+    tree qualifies: a node's post-dominator lies downstream, so later in canonical order."""
     n = len(parent)
-    children: list[list[int]] = [[] for _ in range(n + 1)]
+    size = [1] * (n + 1)
     for v in range(n):
-        children[parent[v]].append(v)
+        size[parent[v]] += size[v]
     tin = [0] * (n + 1)
     tout = [0] * (n + 1)
-    clock = 0
-    stack = [(root, 0)]
-    while stack:
-        v, i = stack.pop()
-        if i == 0:
-            tin[v] = clock
-            clock += 1
-        if i < len(children[v]):
-            stack.append((v, i + 1))
-            stack.append((children[v][i], 0))
-        else:
-            tout[v] = clock
+    tout[root] = size[root]
+    cursor = [0] * (n + 1)
+    cursor[root] = 1
+    for v in range(n - 1, -1, -1):
+        p = parent[v]
+        t = cursor[p]
+        cursor[p] = t + size[v]
+        tin[v] = t
+        tout[v] = t + size[v]
+        cursor[v] = t + 1
     return tin, tout
 
 

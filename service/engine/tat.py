@@ -2,8 +2,9 @@
 
 ``solve_tat_leaky_relu`` is Algorithm 1: the negative slope a of the Tailored Rectifier
 sqrt(2 / (1 + a^2)) * phi_a with mu_f^0(a) = M_{f, C_a}(0) = eta, where C_a is the closed-form local
-C map of equation 9. mu_f^0 is strictly decreasing in a (Appendix B.3), so a bracketing root finder
-on [0, 1] is exact to machine precision.
+C map of equation 9. mu_f^0 is strictly decreasing in a (Appendix B.3), so a bracketed Newton
+iteration on [0, 1] (``roots``, derivative by the complex step) is exact to machine precision, from a
+start that a chain of the network's depth would need.
 
 ``solve_tat_smooth`` is Algorithm 2: the maximal curvature function mu_f^2(C''(1)) = M_{f, r_2}(0)
 with r_2(x) = C''(1) + x is a non-negative multiple kappa * C''(1) (Appendix B.4, second recipe),
@@ -13,14 +14,16 @@ equation 15 gives gamma.
 
 from __future__ import annotations
 
+import cmath
 import math
 from dataclasses import dataclass
 
-import scipy.optimize as sp_opt
+import numpy as np
 
 from ..errors import SigpropError
 from .activations import Activation
 from .qc_maps import leaky_relu_c_map_scalar
+from .roots import complex_step, newton_bracketed
 from .subnetworks import SubnetworkProgram
 from .transform import TransformSolution, solve_transform
 
@@ -50,7 +53,42 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
         return 0.0
     if eta == 0.0:
         return 1.0
-    return float(sp_opt.brentq(lambda a: max_c_value(program, a) - eta, 0.0, 1.0, xtol=1e-15, rtol=1e-15, maxiter=200))
+    # mu_f^0 is decreasing in a: the root of eta - mu_f^0(a) on [0, 1], with f(0) < 0 known
+    return newton_bracketed(
+        lambda a: complex_step(lambda z: eta - _mu0_complex(program, z), a),
+        0.0,
+        1.0,
+        _slope_estimate(eta, program.nonlinear_depth()),
+        f_lo=eta - reachable,
+    )
+
+
+def _tailored_c_map_complex(c: complex, k: complex) -> complex:
+    """Equation 9, C(c) = c + k (sqrt(1 - c^2) - c arccos c) with k = (1 - a)^2 / (pi (1 + a^2)),
+    for complex arguments (the complex step of ``roots``); analytic for Re c in (-1, 1)."""
+    if c.real >= 1.0:
+        return complex(1.0)
+    if c.real <= -1.0:
+        return -1.0 + k * math.pi
+    return c + k * (cmath.sqrt(1.0 - c * c) - c * cmath.acos(c))
+
+
+def _mu0_complex(program: SubnetworkProgram, a: complex) -> complex:
+    k = (1.0 - a) ** 2 / (math.pi * (1.0 + a * a))
+    return complex(program.maximize(0.0, lambda c, _slot: _tailored_c_map_complex(c, k)))
+
+
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(24)
+
+
+def _slope_estimate(eta: float, depth: int) -> float:
+    """A starting slope: a chain of ``depth`` layers with small k = (1 - a)^2 / (pi (1 + a^2)) moves
+    c by k g(c) per layer, g(c) = sqrt(1 - c^2) - c arccos c, so depth k ~ int_0^eta dc / g(c)."""
+    c = 0.5 * eta * (_GL_X + 1.0)
+    g = np.sqrt(1.0 - c * c) - c * np.arccos(c)
+    k = min(float(0.5 * eta * (_GL_W @ (1.0 / g))) / max(depth, 1), 1.0 / math.pi)
+    m = 1.0 - math.pi * k  # (1 - a)^2 = pi k (1 + a^2), solved for a in [0, 1]
+    return m / (1.0 + math.sqrt(max(0.0, 1.0 - m * m)))
 
 
 @dataclass(frozen=True)

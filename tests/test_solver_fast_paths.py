@@ -1,0 +1,155 @@
+"""The shortcuts that make a cold solve cheap give the answers of the slow ways they replace.
+
+- fused activation jets (``activation_jets``) against the three closed forms;
+- the wide-panel rule of the Q/C statistics against the narrow rule it replaced and a much finer one;
+- the early-stopped Hermite series against the full 96-term series;
+- the bracketed Newton iteration with complex-step derivatives (``roots``) against Brent's method
+  on the same functions, for TAT's negative slope and DKS's per-layer slope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.optimize as sp_opt
+
+from sigprop.engine import deep_kernel_shaping, qc_maps, tat
+from sigprop.engine.activation_jets import JETS
+from sigprop.engine.activations import get_activation
+from sigprop.engine.qc_maps import HermiteCMap, _z_kinks, moment_rule
+from sigprop.engine.quadrature import SERIES_RULE, gaussian_rule
+from sigprop.engine.roots import complex_step, newton_bracketed
+from sigprop.engine.solve import prepare
+from sigprop.engine.subnetworks import compile_subnetworks
+from sigprop.schemas.solve import SolveRequest
+
+X = np.concatenate(
+    [
+        np.linspace(-1e3, 1e3, 2001),
+        np.linspace(-40, 40, 8001),
+        np.geomspace(1e-12, 1, 100),
+        -np.geomspace(1e-12, 1, 100),
+    ]
+)
+
+
+@pytest.mark.parametrize("name", sorted(JETS))
+def test_jet_equals_closed_forms(name):
+    act = get_activation(name)
+    assert act.jet is JETS[name]
+    for got, want in zip(act.jet(X), (act.fn(X), act.d1(X), act.d2(X)), strict=True):
+        # the same formulas; only the order of a few products differs (gelu_tanh: k x x vs k (x x))
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_parameterized_and_transformed_activations_have_no_jet():
+    from sigprop.engine.activations import transformed
+
+    assert get_activation("elu", alpha=0.5).jet is None
+    assert transformed(get_activation("swish"), 0.5, 0.1, 2.0, 0.3).jet is None
+
+
+def _moments(act, a, b, z, w):
+    u = a * z + b
+    f, d1, d2 = act.fn(u), a * act.d1(u), a * a * act.d2(u)
+    m = np.array([w @ f, w @ (f * f), w @ d1, w @ (d1 * d1), w @ (d2 * d2), w @ (f * d1 * z)])
+    # each moment against its natural scale: sqrt(Q), Q, sqrt(E phi'^2), E phi'^2, E phi''^2, sqrt(Q E phi'^2)
+    scale = np.array([np.sqrt(m[1]), m[1], np.sqrt(m[3]), m[3], max(m[4], 1e-300), np.sqrt(m[1] * m[3])])
+    return m, scale
+
+
+SMOOTH = ["softplus", "tanh", "gelu", "swish", "elu", "selu", "sigmoid", "erf", "atan", "softsign", "gelu_tanh"]
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+def test_wide_rule_moments_match_a_much_finer_rule(name):
+    """The Q/C statistics' rule (16-node panels up to width 2, aligned with the bend only above
+    UNALIGNED_BELOW or at kinks) against panels of at most 1/8 aligned with the bend: every moment
+    to 1e-13 of its scale, input scales 1e-3 to 100, shifts -2.9 to 1.7."""
+    act = get_activation(name)
+    worst = 0.0
+    for a in (1e-3, 0.05, 0.3, 0.5, 0.75, 1.0, 3.0, 30.0, 100.0):
+        for b in (0.0, 0.3, -1.0, 1.7, -2.9):
+            kinks = _z_kinks(act, a, b)
+            fine, scale = _moments(act, a, b, *gaussian_rule(kinks, scale=a, widest=0.125, tail=12.0))
+            wide, _ = _moments(act, a, b, *moment_rule(act, a, b))
+            worst = max(worst, float(np.max(np.abs(wide - fine) / scale)))
+    assert worst < 1e-13
+    assert len(gaussian_rule(_z_kinks(act, 0.5, 0.2), scale=0.5)[0]) < 300  # what makes it cheap
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("softplus", dict(input_scale=0.3, input_shift=0.2, output_scale=3.0, output_shift=-0.5)),
+        ("tanh", dict(input_scale=0.5)),
+        ("tanh", dict(input_scale=3.0)),
+        ("swish", dict(input_scale=0.2, input_shift=0.1)),
+        ("gelu", dict(input_scale=1.3, input_shift=-0.4)),
+        ("relu", {}),
+    ],
+)
+def test_early_stopped_series_equals_full_series(name, params, monkeypatch):
+    act = get_activation(name)
+    short = HermiteCMap(act, **params)
+    monkeypatch.setattr(qc_maps, "_QUIET_BELOW", 0.0)  # never quiet: all 96 terms, as before
+    full = HermiteCMap(act, **params)
+    c = np.linspace(-1.0, 1.0, 201)
+    np.testing.assert_allclose(short(c), full(c), rtol=0, atol=4e-16)
+    assert short.tail == pytest.approx(full.tail, abs=1e-16)
+    assert short(np.array([1.0]))[0] == pytest.approx(1.0, abs=1e-15)
+    widest, tail = SERIES_RULE
+    assert widest <= 0.5 and tail >= 11.0  # the series' rule keeps the narrow panels
+
+
+def test_complex_step_derivative():
+    v, d = complex_step(lambda z: z**3 + 2 * z, 1.5)
+    assert v == 1.5**3 + 3.0 and d == pytest.approx(3 * 1.5**2 + 2, rel=1e-15)
+
+
+def test_newton_bracketed_falls_back_to_bisection():
+    # a flat start (zero slope) and a step out of the bracket both bisect instead
+    f = lambda x: (np.arctan(10 * (x - 0.3)), 10 / (1 + 100 * (x - 0.3) ** 2))  # noqa: E731
+    assert newton_bracketed(f, -5.0, 5.0, 4.9) == pytest.approx(0.3, abs=1e-15)
+    assert newton_bracketed(lambda x: (x * x - 2.0, 0.0), 0.0, 2.0, 1.0) == pytest.approx(np.sqrt(2.0), abs=1e-14)
+
+
+GRAPHS = [
+    {"template": "mlp", "depth": 100},
+    {"template": "mlp", "depth": 3},
+    {"template": "resnet", "depth": 50, "version": 2, "shortcut_weight": 0.8},
+    {"template": "densenet", "depth": 121},
+]
+
+
+def _program(graph):
+    req = SolveRequest.model_validate(
+        {"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.5}}
+    )
+    return compile_subnetworks(prepare(req).graph)
+
+
+@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: f"{g['template']}-{g['depth']}")
+def test_tat_negative_slope_matches_brent(graph):
+    program = _program(graph)
+    for eta in (0.85, 0.5, 0.1):
+        if eta > tat.max_c_value(program, 0.0):
+            continue
+        a = tat.solve_tat_leaky_relu(program, eta)
+        ref = sp_opt.brentq(lambda s: tat.max_c_value(program, s) - eta, 0.0, 1.0, xtol=1e-15, rtol=1e-15)
+        assert a == pytest.approx(ref, abs=1e-15)
+        assert abs(tat.max_c_value(program, a) - eta) <= abs(tat.max_c_value(program, ref) - eta) + 1e-16
+
+
+@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: f"{g['template']}-{g['depth']}")
+def test_dks_local_slope_matches_brent(graph):
+    program = _program(graph)
+    for zeta in (1.0001, 1.5, 12.0, 1e6):
+        s = deep_kernel_shaping.local_slope_target(program, zeta)
+        hi = 2.0
+        while deep_kernel_shaping.max_slope(program, hi) < zeta:
+            hi *= 2.0
+        ref = sp_opt.brentq(lambda x: deep_kernel_shaping.max_slope(program, x) - zeta, 1.0, hi, xtol=1e-15, rtol=1e-15)
+        assert s == pytest.approx(ref, rel=1e-15)
+        got = abs(deep_kernel_shaping.max_slope(program, s) - zeta)
+        assert got <= abs(deep_kernel_shaping.max_slope(program, ref) - zeta) + 4 * np.spacing(zeta)
