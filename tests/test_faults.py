@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from .service_fixtures import _stop_group, _tail, service_env, start_redis, start_service
+from .test_availability import ladder_request
 from .test_validations_api import AUTH, COMMON_ENV, FAKE_CLI, solve_request, validation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,13 +205,11 @@ def test_redis_killed_and_restarted_during_a_burst(stack):
     )
 
 
-# A cold solve long enough (about 1.5 s here) to be in flight when SIGTERM arrives.
-SLOW_SOLVE = {
-    "graph": {"template": "mlp", "depth": 6000, "width": 16},
-    "method": "dks",
-    "activation": "tanh",
-    "targets": {"zeta": 1.5},
-}
+# A cold solve long enough to be in flight when SIGTERM arrives: the ladder of 6,500 blocks, near
+# the default SIGPROP_MAX_SOLVE_COST, takes about 0.9 s in-process on an idle 2-core machine (a
+# 6,000-layer MLP, used before, now solves in 0.3 s: too close to the wait below).
+SLOW_BLOCKS = 6500
+SLOW_SOLVE = ladder_request(SLOW_BLOCKS)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -228,14 +227,14 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path, workers):
     try:
         t = threading.Thread(target=slow)
         t.start()
-        time.sleep(0.5)  # the request is read and the solve is running
+        time.sleep(0.3)  # the request (1.2 MB) is read and the solve is running
         assert "response" not in result, "the slow solve finished before SIGTERM: make it slower"
         os.kill(svc.proc.pid, signal.SIGTERM)
         t.join(60)
         assert "error" not in result, f"in-flight request failed: {result.get('error')!r}\n{svc.log()}"
         r = result["response"]
         assert r.status_code == 200, r.text
-        assert r.json()["graph_summary"]["depth"] == 6000
+        assert r.json()["graph_summary"]["depth"] == SLOW_BLOCKS
         # uvicorn re-raises the signal it caught once its graceful shutdown is done, so a clean
         # exit reads as -SIGTERM (or 0 from the multi-process supervisor).
         assert svc.proc.wait(30) in (0, -signal.SIGTERM), svc.log()
