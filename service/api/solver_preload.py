@@ -5,6 +5,8 @@ next one instead of spending its timeout on start-up work."""
 
 from __future__ import annotations
 
+import gc
+
 from ..engine.solve import prepare, solve_canonical
 from ..requests import parse_solve_request
 from . import solutions  # noqa: F401 - solutions.prepare_body runs in the solver processes
@@ -28,3 +30,7 @@ def warm_up() -> None:
 
 
 warm_up()
+# What is loaded now lives as long as every solver process: out of the cyclic collector's sight
+# (the gc.freeze recipe for a forking server), a solve's collections scan only what the solve
+# made. That takes about 1 ms off a 100-layer solve, and forked pages stay shared.
+gc.freeze()
