@@ -484,8 +484,9 @@ class _Local:
     @classmethod
     def of(cls, act: Activation, tr) -> _Local:
         p = {k: v for k, v in tr.params.items() if k != "negative_slope"}
-        phi_hat = transformed(act, p["input_scale"], p["input_shift"], p["output_scale"], p["output_shift"])
-        return cls(act, tr, p, local_stats(phi_hat), HermiteCMap(act, **p))
+        # phi_hat's statistics from phi's nodes at (alpha, beta): the root search's last step left
+        # them in the cache, and the rule follows phi's own kinks and bend
+        return cls(act, tr, p, local_stats(act, **p), HermiteCMap(act, **p))
 
     @property
     def has_curv(self) -> bool:

@@ -78,10 +78,14 @@ def _z_kinks(act: Activation, input_scale: float, input_shift: float) -> list[fl
 UNALIGNED_STRIP = 2.0
 
 
+def _analytic_in_wide_strip(act: Activation, input_scale: float) -> bool:
+    strip = ANALYTIC_STRIP.get(act.jet, 0.0) if act.jet is not None else 0.0
+    return strip >= UNALIGNED_STRIP * abs(input_scale)
+
+
 def moment_rule(act: Activation, input_scale: float, input_shift: float) -> tuple[np.ndarray, np.ndarray]:
     """The rule for the Gaussian moments of phi(input_scale z + input_shift) and its derivatives."""
-    strip = ANALYTIC_STRIP.get(act.jet, 0.0) if act.jet is not None else 0.0
-    if strip >= UNALIGNED_STRIP * abs(input_scale):
+    if _analytic_in_wide_strip(act, input_scale):
         return gaussian_rule(scale=input_scale)
     return gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
 
@@ -149,6 +153,33 @@ def local_stats(
     )
 
 
+def shaped_stats(
+    act: Activation, input_scale: float, input_shift: float, output_shift: float | None, c_0_target: float = 0.0
+) -> tuple[float, float, LocalStats]:
+    """(output_shift, output_scale, statistics) of the phi_hat a root-search step proposes.
+
+    The output shift is ``output_shift``, or when that is None the one giving C(0) = ``c_0_target``
+    (sqrt(c_0_target) - E[phi]); the output scale gives Q(1) = 1. What ``raw_mean``,
+    ``shifted_second`` and ``local_stats`` compute one after the other, from one cache lookup and
+    one matrix-vector product: a step's cost is numpy's per-call overhead on ~200 nodes."""
+    z, w, f, d1, d2 = _node_values(act, float(input_scale), float(input_shift))
+    if output_shift is None:
+        output_shift = math.sqrt(c_0_target) - float(w @ f)
+    g = f + output_shift
+    m = np.stack([g, g * g, d1, d1 * d1, d2 * d2, g * d1 * z]) @ w
+    scale = 1.0 / math.sqrt(m[1])
+    c2 = scale * scale
+    st = LocalStats(
+        mean=scale * float(m[0]),
+        second=c2 * float(m[1]),
+        d1_mean=scale * float(m[2]),
+        d1_sq=c2 * float(m[3]),
+        d2_sq=c2 * float(m[4]),
+        q_slope_1=c2 * float(m[5]),
+    )
+    return float(output_shift), scale, st
+
+
 def leaky_relu_c_map(c, negative_slope):
     """Local C map of the normalized Leaky ReLU sqrt(2 / (1 + a^2)) * phi_a (TAT equation 9).
 
@@ -207,6 +238,32 @@ def c_map(phi, c, q: float = 1.0, second: float | None = None):
     return out
 
 
+_QUIET_BELOW = 1e-22
+_QUIET_RUN = 4
+_WIDE_RULE_TERMS = 24
+
+
+def _hermite_coefficients(act, rule, input_scale, input_shift, output_scale, output_shift, terms, trial=False):
+    """(a_0 .. a_{terms-1}, Q(1)) of phi_hat on ``rule``; on a ``trial``, None unless the series
+    goes quiet within ``terms`` (the caller then uses a finer rule)."""
+    z, w = rule
+    f = output_scale * (act.fn(input_scale * z + input_shift) + output_shift)
+    second = float(w @ (f * f))
+    coef = np.zeros(terms)
+    h_prev, h = np.zeros_like(z), np.ones_like(z)
+    wf = w * f
+    quiet = _QUIET_BELOW * second
+    for k in range(terms):
+        coef[k] = float(wf @ h)
+        # a smooth phi_hat's a_k^2 fall geometrically (every other one is 0 for an odd or even
+        # phi_hat): once _QUIET_RUN of them in a row are below 1e-22 Q(1), the rest is far
+        # below what _trimmed folds anyway, so the recurrence stops (after ~20 terms, not 96)
+        if k >= _QUIET_RUN and np.all(coef[k - _QUIET_RUN + 1 : k + 1] ** 2 < quiet):
+            return coef, second
+        h_prev, h = h, (z * h - _SQRT[k] * h_prev) * _INV_SQRT[k + 1]
+    return None if trial else (coef, second)
+
+
 class HermiteCMap:
     """The local C map of phi_hat as its Hermite (Mehler) series, from one 1-D quadrature pass.
 
@@ -226,22 +283,25 @@ class HermiteCMap:
         output_shift: float = 0.0,
         terms: int = 96,
     ):
-        widest, tail = SERIES_RULE
-        z, w = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale, widest=widest, tail=tail)
-        f = output_scale * (act.fn(input_scale * z + input_shift) + output_shift)
-        second = float(w @ (f * f))
-        coef = np.zeros(terms)
-        h_prev, h = np.zeros_like(z), np.ones_like(z)
-        wf = w * f
-        quiet = _QUIET_BELOW * second
-        for k in range(terms):
-            coef[k] = float(wf @ h)
-            # a smooth phi_hat's a_k^2 fall geometrically (every other one is 0 for an odd or even
-            # phi_hat): once _QUIET_RUN of them in a row are below 1e-22 Q(1), the rest is far
-            # below what _trimmed folds anyway, so the recurrence stops (after ~20 terms, not 96)
-            if k >= _QUIET_RUN and np.all(coef[k - _QUIET_RUN + 1 : k + 1] ** 2 < quiet):
-                break
-            h_prev, h = h, (z * h - _SQRT[k] * h_prev) * _INV_SQRT[k + 1]
+        found = None
+        if _analytic_in_wide_strip(act, input_scale):
+            # the moments' ~200-node rule resolves h_k up to about k = 24 (tests: within 2e-15 of
+            # the series rule); a phi_hat whose series has gone quiet by then needs nothing finer
+            found = _hermite_coefficients(
+                act,
+                moment_rule(act, input_scale, input_shift),
+                input_scale,
+                input_shift,
+                output_scale,
+                output_shift,
+                min(terms, _WIDE_RULE_TERMS),
+                trial=True,
+            )
+        if found is None:
+            widest, tail = SERIES_RULE
+            rule = gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale, widest=widest, tail=tail)
+            found = _hermite_coefficients(act, rule, input_scale, input_shift, output_scale, output_shift, terms)
+        coef, second = found
         power = coef**2
         rest = max(0.0, second - float(power.sum()))
         self.tail = 2.0 * rest / second
@@ -266,8 +326,6 @@ class HermiteCMap:
         return coef @ powers
 
 
-_QUIET_BELOW = 1e-22
-_QUIET_RUN = 4
 _SQRT = np.sqrt(np.arange(200.0))
 _INV_SQRT = 1.0 / np.where(_SQRT > 0, _SQRT, 1.0)
 

@@ -25,7 +25,7 @@ import scipy.optimize as sp_opt
 
 from ..errors import SigpropError
 from .activations import Activation
-from .qc_maps import local_stats, raw_mean, shifted_second
+from .qc_maps import raw_mean, shaped_stats
 
 # dks's search order: its "always try" values, then seeded uniform draws (dks/base/activation_transform.py).
 _ALWAYS_TRY = {
@@ -86,12 +86,16 @@ def starting_points(names: tuple[str, ...], num_tries: int = NUM_TRIES) -> tuple
 
 def complete_params(act: Activation, names: tuple[str, ...], p, c_0_target: float | None) -> dict[str, float]:
     """Fill in output_shift (from C(0), when targeted) and output_scale (from Q(1) = 1)."""
+    return _complete(act, names, p, c_0_target)[0]
+
+
+def _complete(act: Activation, names: tuple[str, ...], p, c_0_target: float | None):
+    """(the four parameters, their q = 1 statistics): ``complete_params`` and what a step checks."""
     params = {name: float(v) for name, v in zip(names, p, strict=False)}
-    a, b = params["input_scale"], params["input_shift"]
-    if c_0_target is not None:
-        params["output_shift"] = float(np.sqrt(c_0_target) - raw_mean(act, a, b))
-    params["output_scale"] = float(1.0 / np.sqrt(shifted_second(act, a, b, params["output_shift"])))
-    return params
+    shift = None if c_0_target is not None else params["output_shift"]
+    shift, scale, st = shaped_stats(act, params["input_scale"], params["input_shift"], shift, c_0_target or 0.0)
+    params["output_shift"], params["output_scale"] = shift, scale
+    return params, st
 
 
 def _reference_residuals(act, names, c_0, targets):
@@ -101,7 +105,7 @@ def _reference_residuals(act, names, c_0, targets):
     def residuals(p):
         if not (abs(p[0]) <= MAX_INPUT_SCALE and all(abs(v) <= 1e3 for v in p[1:].tolist())):
             return np.full(len(names), _PENALTY)
-        st = local_stats(act, **complete_params(act, names, p, c_0))
+        st = _complete(act, names, p, c_0)[1]
         r = [st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1]
         if c_curv_1 is not None:
             r.append(st.c_curv_1 - c_curv_1)
@@ -140,7 +144,7 @@ class _NearLinear:
         p = self.to_reference(u)
         if not (abs(p[0]) <= MAX_INPUT_SCALE and all(abs(v) <= 1e3 for v in p[1:].tolist())):
             return np.full(len(self.names), _PENALTY)
-        st = local_stats(self.act, **complete_params(self.act, self.names, p, self.c_0))
+        st = _complete(self.act, self.names, p, self.c_0)[1]
         q_slope_1, c_slope_1, c_curv_1 = self.targets
         r = [st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1]
         if c_curv_1 is not None:
