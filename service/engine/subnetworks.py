@@ -215,13 +215,14 @@ def _euler_intervals(parent: list[int], root: int) -> tuple[list[int], list[int]
     return tin, tout
 
 
-def _step(nodes, v: int) -> tuple:
-    """The evaluation step of node v: (node, op, inputs, coefficients or None)."""
+def _step(nodes, v: int, fn_slot: dict[str, int]) -> tuple:
+    """The evaluation step of node v: (node, op, inputs, the mix coefficients, an activation's
+    function slot, or None)."""
     nd = nodes[v]
     if nd.kind == SOURCE:
         return (v, _OP_PASS, None, None)
     if nd.kind == ACT:
-        return (v, _OP_ACT, nd.inputs[0], None)
+        return (v, _OP_ACT, nd.inputs[0], fn_slot[nd.attrs["fn"]])
     if nd.kind == SUM:
         return (v, _OP_MIX, nd.inputs, tuple(w * w for w in nd.attrs["weights"]))
     if nd.kind == CONCAT:
@@ -293,19 +294,18 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
     if graph.output not in by_start[root]:
         by_start[root].append(graph.output)
 
+    # activation slots resolved now, so evaluation needs no lookups; a node's step is the same in
+    # every group that holds it
+    fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
+    step_of: dict[int, tuple] = {}
     groups = []
     for start in sorted(by_start, key=lambda s: -1 if s == root else s):
         ends = by_start[start]
-        members = sorted(region(start, ends) - {start})
-        steps = [_step(nodes, v) for v in members]
+        steps = []
+        for v in sorted(region(start, ends) - {start}):
+            step = step_of.get(v)
+            if step is None:
+                step = step_of[v] = _step(nodes, v, fn_slot)
+            steps.append(step)
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
-
-    fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
-    # Resolve activation slots now so evaluation needs no lookups.
-    resolved = []
-    for g in groups:
-        steps = tuple(
-            (v, op, ins, fn_slot[nodes[v].attrs["fn"]] if op == _OP_ACT else arg) for v, op, ins, arg in g.steps
-        )
-        resolved.append(_Group(g.start, steps, g.endpoints))
-    return SubnetworkProgram(tuple(resolved), graph.output, tuple(nd.user_id for nd in nodes))
+    return SubnetworkProgram(tuple(groups), graph.output, tuple(nd.user_id for nd in nodes))
