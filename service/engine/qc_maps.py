@@ -307,23 +307,40 @@ class HermiteCMap:
         self.tail = 2.0 * rest / second
         self.coefficients = _trimmed(power / second, rest / second)
         self._buffer: dict[int, np.ndarray] = {}  # the powers of c, per sample size (one thread per map)
+        n = len(self.coefficients)
+        b = max(2, math.ceil(math.sqrt(n)))
+        self._blocks = np.zeros(-(-n // b) * b)
+        self._blocks[:n] = self.coefficients
+        self._blocks = self._blocks.reshape(-1, b)  # row j: the coefficients of c^(j b) .. c^(j b + b - 1)
 
     def __call__(self, c):
-        """C(c), elementwise for an array: every power of c from one cumulative product and one
-        dot product (a global map calls this once per layer, so no Python loop over terms, and
-        as few numpy calls as possible: on a 100-point sample their dispatch is the cost).
+        """C(c), elementwise for an array, by blocks (Paterson-Stockmeyer): the powers 1, c, ..,
+        c^(b-1) with b ~ sqrt(terms), one matrix product for the m ~ terms / b block polynomials,
+        then Horner in c^b over the blocks. A global map calls this once per layer on a ~100-point
+        sample, where numpy's per-call cost is what counts: about 2 sqrt(terms) calls instead of a
+        cumulative product over every power (whose cost grows with the terms: 2.7x more at 97).
 
         An array is not clipped to [-1, 1]: the map is a polynomial, finite everywhere, with
         non-negative coefficients summing to 1, so it maps [-1, 1] into itself up to rounding."""
         coef = self.coefficients
         if np.ndim(c) != 1 or len(coef) == 1:
             return np.polynomial.polynomial.polyval(np.clip(c, -1.0, 1.0), coef)
+        blocks = self._blocks
+        m, b = blocks.shape
         powers = self._buffer.get(len(c))
         if powers is None:
-            powers = self._buffer[len(c)] = np.ones((len(coef), len(c)))  # row 0 stays 1
-        powers[1:] = c
-        np.multiply.accumulate(powers, axis=0, out=powers)  # rows 1, c, c^2, ...
-        return coef @ powers
+            powers = self._buffer[len(c)] = np.ones((b, len(c)))  # row 0 stays 1
+        powers[1] = c
+        for k in range(2, b):
+            np.multiply(powers[k - 1], c, out=powers[k])
+        parts = blocks @ powers
+        out = parts[m - 1]
+        if m > 1:
+            step = powers[b - 1] * c  # c^b
+            for j in range(m - 2, -1, -1):
+                out *= step
+                out += parts[j]
+        return out
 
 
 _SQRT = np.sqrt(np.arange(200.0))
