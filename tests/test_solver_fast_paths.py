@@ -159,3 +159,19 @@ def test_dks_local_slope_matches_brent(graph):
         assert s == pytest.approx(ref, rel=1e-15)
         got = abs(deep_kernel_shaping.max_slope(program, s) - zeta)
         assert got <= abs(deep_kernel_shaping.max_slope(program, ref) - zeta) + 4 * np.spacing(zeta)
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [{"template": "mlp", "depth": 100}, {"template": "mlp", "depth": 1}, {"template": "cnn", "depth": 8}],
+    ids=lambda g: f"{g['template']}-{g['depth']}",
+)
+def test_chain_program_is_what_the_general_analysis_finds(graph):
+    from sigprop.engine import subnetworks
+
+    g = prepare(
+        SolveRequest.model_validate({"graph": graph, "method": "tat", "activation": "tanh", "targets": {"tau": 0.3}})
+    ).graph
+    assert all(len(nd.inputs) <= 1 for nd in g.nodes)
+    slots = {fn: i for i, fn in enumerate(g.activation_fns())}
+    assert subnetworks.compile_subnetworks(g) == subnetworks._general_program(g, slots)

@@ -32,7 +32,8 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
             f"zeta = {zeta} must be greater than 1",
             "zeta is the maximal C'_f(1); DKS uses a modest value above 1 such as 1.5",
         )
-    if not max_slope(program, 2.0) > 1.0 + 1e-9:  # sums of squared weights round to 1 +- 1 ulp
+    at_hi = max_slope(program, 2.0)
+    if not at_hi > 1.0 + 1e-9:  # sums of squared weights round to 1 +- 1 ulp
         raise SigpropError(
             "unreachable_target",
             "the network has no nonlinear layer that reaches the output, so C'_f(1) = 1 for any zeta",
@@ -40,9 +41,10 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
         )
     hi = 2.0
     for _ in range(64):  # mu_f^1 grows at least linearly in the local slope, so 2^64 brackets any zeta
-        if max_slope(program, hi) >= zeta:
+        if at_hi >= zeta:
             break
         hi *= 2.0
+        at_hi = max_slope(program, hi)
     else:
         raise SigpropError(
             "unreachable_target",

@@ -239,6 +239,13 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
     the Euler intervals and the climbs are linear or near it on these graphs; the single-exit
     test of each step is ``_valid_steps`` (jumps over solved regions); each group's region is
     walked once. Evaluating M_{f,r} then costs the sum of the groups' sizes per point."""
+    fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
+    if all(len(nd.inputs) <= 1 for nd in graph.nodes):
+        return _chain_program(graph, fn_slot)
+    return _general_program(graph, fn_slot)
+
+
+def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
     n = graph.n
     nodes = graph.nodes
     preds = [list(nd.inputs) for nd in nodes]
@@ -296,7 +303,6 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
 
     # activation slots resolved now, so evaluation needs no lookups; a node's step is the same in
     # every group that holds it
-    fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
     step_of: dict[int, tuple] = {}
     groups = []
     for start in sorted(by_start, key=lambda s: -1 if s == root else s):
@@ -309,3 +315,15 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
             steps.append(step)
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
     return SubnetworkProgram(tuple(groups), graph.output, tuple(nd.user_id for nd in nodes))
+
+
+def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
+    """The program of a chain (no node with two inputs: an MLP, a plain CNN), without the general
+    analysis. Every node of a chain is dominated by the one before it and post-dominated by the
+    one after it, so the largest subnetwork ending at any node runs from the input: one group,
+    the whole network, with every node an endpoint (what ``compile_subnetworks`` finds for a
+    chain the long way; the tests compare the two)."""
+    nodes = graph.nodes
+    steps = tuple(_step(nodes, v, fn_slot) for v in range(graph.n))
+    ends = tuple(v for v in range(graph.n) if nodes[v].kind != SOURCE)
+    return SubnetworkProgram((_Group(None, steps, ends),), graph.output, tuple(nd.user_id for nd in nodes))
