@@ -19,7 +19,7 @@ from sigprop.engine.activations import get_activation
 from sigprop.engine.qc_maps import HermiteCMap, _z_kinks, moment_rule
 from sigprop.engine.quadrature import SERIES_RULE, gaussian_rule
 from sigprop.engine.roots import complex_step, newton_bracketed
-from sigprop.engine.solve import prepare
+from sigprop.engine.solve import prepare, solve
 from sigprop.engine.subnetworks import compile_subnetworks
 from sigprop.schemas.solve import SolveRequest
 
@@ -175,3 +175,16 @@ def test_chain_program_is_what_the_general_analysis_finds(graph):
     assert all(len(nd.inputs) <= 1 for nd in g.nodes)
     slots = {fn: i for i, fn in enumerate(g.activation_fns())}
     assert subnetworks.compile_subnetworks(g) == subnetworks._general_program(g, slots)
+
+
+def test_a_step_into_saturation_gives_nan_not_an_exception():
+    """hybr can step far into tanh's saturation, where phi + delta is 0 on every node: the step's
+    statistics are NaN (the search moves on), as numpy's 1 / 0 made them before shaped_stats."""
+    shift, scale, st = qc_maps.shaped_stats(get_activation("tanh"), 0.9847258163312043, -789.4644914590344, 1.0)
+    assert scale == np.inf and np.isnan(st.q_slope_1)
+    ans = solve(
+        SolveRequest.model_validate(
+            {"graph": {"template": "mlp", "depth": 1}, "method": "dks", "activation": "tanh", "targets": {"zeta": 1.5}}
+        )
+    )
+    assert ans.c_slope_1 == pytest.approx(1.5, rel=1e-12)

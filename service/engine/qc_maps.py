@@ -138,15 +138,22 @@ def local_stats(
 ) -> LocalStats:
     """All the q = 1 quantities of phi_hat from one pass of the quadrature rule."""
     z, w, f, d1, d2 = _node_values(act, float(input_scale), float(input_shift))
-    f = f + output_shift
-    # the six expectations as one matrix-vector product (a root search's evaluations are
-    # dominated by numpy's per-call cost on a few hundred nodes, not by arithmetic)
-    m = np.stack([f, f * f, d1, d1 * d1, d2 * d2, f * d1 * z]) @ w
-    c, c2 = output_scale, output_scale * output_scale
+    return _scaled(_expectations(z, w, f + output_shift, d1, d2), output_scale)
+
+
+def _expectations(z, w, f, d1, d2) -> np.ndarray:
+    """E[f], E[f^2], E[d1], E[d1^2], E[d2^2], E[f d1 z] as one matrix-vector product (a root
+    search's evaluations are dominated by numpy's per-call cost on a few hundred nodes)."""
+    return np.stack([f, f * f, d1, d1 * d1, d2 * d2, f * d1 * z]) @ w
+
+
+def _scaled(m: np.ndarray, scale: float) -> LocalStats:
+    """The statistics of ``scale`` times the function whose expectations ``m`` are."""
+    c2 = scale * scale
     return LocalStats(
-        mean=c * float(m[0]),
+        mean=scale * float(m[0]),
         second=c2 * float(m[1]),
-        d1_mean=c * float(m[2]),
+        d1_mean=scale * float(m[2]),
         d1_sq=c2 * float(m[3]),
         d2_sq=c2 * float(m[4]),
         q_slope_1=c2 * float(m[5]),
@@ -165,19 +172,11 @@ def shaped_stats(
     z, w, f, d1, d2 = _node_values(act, float(input_scale), float(input_shift))
     if output_shift is None:
         output_shift = math.sqrt(c_0_target) - float(w @ f)
-    g = f + output_shift
-    m = np.stack([g, g * g, d1, d1 * d1, d2 * d2, g * d1 * z]) @ w
-    scale = 1.0 / math.sqrt(m[1])
-    c2 = scale * scale
-    st = LocalStats(
-        mean=scale * float(m[0]),
-        second=c2 * float(m[1]),
-        d1_mean=scale * float(m[2]),
-        d1_sq=c2 * float(m[3]),
-        d2_sq=c2 * float(m[4]),
-        q_slope_1=c2 * float(m[5]),
-    )
-    return float(output_shift), scale, st
+    m = _expectations(z, w, f + output_shift, d1, d2)
+    # a step far into a saturated phi can make phi + delta vanish on every node: then the scale is
+    # infinite and the statistics NaN, which the search rejects (as numpy's 1 / 0 did before)
+    scale = 1.0 / math.sqrt(m[1]) if m[1] > 0.0 else math.inf
+    return float(output_shift), scale, _scaled(m, scale)
 
 
 def leaky_relu_c_map(c, negative_slope):
