@@ -103,13 +103,14 @@ def _reference_residuals(act, names, c_0, targets):
     q_slope_1, c_slope_1, c_curv_1 = targets
 
     def residuals(p):
-        if not (abs(p[0]) <= MAX_INPUT_SCALE and all(abs(v) <= 1e3 for v in p[1:].tolist())):
+        v = p.tolist()
+        if not (abs(v[0]) <= MAX_INPUT_SCALE and all(abs(x) <= 1e3 for x in v[1:])):
             return np.full(len(names), _PENALTY)
-        st = _complete(act, names, p, c_0)[1]
-        r = [st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1]
-        if c_curv_1 is not None:
-            r.append(st.c_curv_1 - c_curv_1)
-        return np.asarray(r)
+        # (alpha, beta[, delta]) straight to the statistics: this runs at every step of the search
+        st = shaped_stats(act, v[0], v[1], None if c_0 is not None else v[2], c_0 or 0.0)[2]
+        if c_curv_1 is None:
+            return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1])
+        return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1, st.c_curv_1 - c_curv_1])
 
     return residuals
 
