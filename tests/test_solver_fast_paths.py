@@ -174,7 +174,17 @@ def test_chain_program_is_what_the_general_analysis_finds(graph):
     ).graph
     assert all(len(nd.inputs) <= 1 for nd in g.nodes)
     slots = {fn: i for i, fn in enumerate(g.activation_fns())}
-    assert subnetworks.compile_subnetworks(g) == subnetworks._general_program(g, slots)
+    chain, general = subnetworks.compile_subnetworks(g), subnetworks._general_program(g, slots)
+    assert chain.chain and not general.chain
+    assert (chain.groups, chain.output, chain.user_ids) == (general.groups, general.output, general.user_ids)
+    # the running-value pass gives what the node-table pass gives, for scalars, complex steps and arrays
+    r = lambda y, _slot: 0.3 + 0.6 * y + 0.1 * y * y  # noqa: E731
+    for x in (0.0, complex(0.5, 1e-30), np.linspace(-1.0, 1.0, 7)):
+        np.testing.assert_array_equal(
+            np.asarray(chain.endpoint_values(x, r)), np.asarray(general.endpoint_values(x, r))
+        )
+        np.testing.assert_array_equal(chain.global_map(x, r), general.global_map(x, r))
+        np.testing.assert_array_equal(chain.maximize(x, r), general.maximize(x, r))
 
 
 def test_a_step_into_saturation_gives_nan_not_an_exception():

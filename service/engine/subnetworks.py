@@ -49,6 +49,9 @@ class SubnetworkProgram:
     groups: tuple[_Group, ...]
     output: int
     user_ids: tuple[str, ...]
+    # a chain (``_chain_program``): one group, node k reading node k - 1, every node but the input
+    # an endpoint, so a pass is a running value with no table of node values
+    chain: bool = False
 
     @property
     def regions(self) -> int:
@@ -72,11 +75,15 @@ class SubnetworkProgram:
 
     def global_map(self, x, r: LocalMap):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
+        if self.chain:
+            return self._run_chain(x, r)[-1]
         vals = self._run(self.groups[0], x, r)
         return vals[self.output]
 
     def endpoint_values(self, x, r: LocalMap) -> list:
         """U_{g,r}(x) of every largest subnetwork g: what M_{f,r}(x) is the maximum of."""
+        if self.chain:
+            return self._run_chain(x, r)
         found = []
         for g in self.groups:
             vals = self._run(g, x, r)
@@ -110,6 +117,16 @@ class SubnetworkProgram:
                         )
                     )
         return name
+
+    def _run_chain(self, x, r: LocalMap) -> list:
+        """The value after each node of a chain but its input, in order (the endpoints')."""
+        out = []
+        v = x
+        for _node, op, _ins, arg in self.groups[0].steps[1:]:
+            if op == _OP_ACT:
+                v = r(v, arg)
+            out.append(v)
+        return out
 
     @staticmethod
     def _run(group: _Group, x, r: LocalMap) -> dict:
@@ -240,7 +257,7 @@ def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
     test of each step is ``_valid_steps`` (jumps over solved regions); each group's region is
     walked once. Evaluating M_{f,r} then costs the sum of the groups' sizes per point."""
     fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
-    if all(len(nd.inputs) <= 1 for nd in graph.nodes):
+    if graph.nodes[0].kind == SOURCE and all(nd.inputs == (nd.index - 1,) for nd in graph.nodes[1:]):
         return _chain_program(graph, fn_slot)
     return _general_program(graph, fn_slot)
 
@@ -318,12 +335,13 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
 
 
 def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
-    """The program of a chain (no node with two inputs: an MLP, a plain CNN), without the general
-    analysis. Every node of a chain is dominated by the one before it and post-dominated by the
-    one after it, so the largest subnetwork ending at any node runs from the input: one group,
-    the whole network, with every node an endpoint (what ``compile_subnetworks`` finds for a
-    chain the long way; the tests compare the two)."""
+    """The program of a chain (an MLP, a plain CNN: node k reads node k - 1 only, as the canonical
+    numbering lays out any graph without a two-input node), without the general analysis. Every
+    node of a chain is dominated by the one before it and post-dominated by the one after it, so
+    the largest subnetwork ending at any node runs from the input: one group, the whole network,
+    with every node an endpoint (what ``compile_subnetworks`` finds for a chain the long way; the
+    tests compare the two, and the two ways of running them)."""
     nodes = graph.nodes
     steps = tuple(_step(nodes, v, fn_slot) for v in range(graph.n))
     ends = tuple(v for v in range(graph.n) if nodes[v].kind != SOURCE)
-    return SubnetworkProgram((_Group(None, steps, ends),), graph.output, tuple(nd.user_id for nd in nodes))
+    return SubnetworkProgram((_Group(None, steps, ends),), graph.output, tuple(nd.user_id for nd in nodes), chain=True)
