@@ -52,7 +52,7 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
             "use a smaller zeta, or check that the graph's nonlinear layers reach the output",
         )
     # mu_f^1(1) = 1 < zeta; from zeta^(1/depth), exact for a chain, Newton needs a few passes
-    start = min(zeta ** (1.0 / max(program.nonlinear_depth(), 1)), hi)
+    start = min(zeta ** (1.0 / max(program.depth, 1)), hi)
     return newton_bracketed(
         lambda x: complex_step(lambda z: program.maximize(1.0, lambda y, _slot: z * y) - zeta, x),
         1.0,

@@ -121,8 +121,10 @@ class NetworkGraph:
         """Nonlinear layers on the longest path from an input to the output."""
         d = [0] * self.n
         for nd in self.nodes:
-            base = max((d[i] for i in nd.inputs), default=0)
-            d[nd.index] = base + (1 if nd.kind == ACT else 0)
+            ins = nd.inputs
+            # most nodes have one input: no generator for them (this runs on every cold request)
+            base = d[ins[0]] if len(ins) == 1 else max((d[i] for i in ins), default=0)
+            d[nd.index] = base + (nd.kind == ACT)
         return d[self.output]
 
     def count(self, kind: str) -> int:

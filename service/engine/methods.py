@@ -32,7 +32,7 @@ from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, spar
 from .activations import Activation, get_activation, transformed
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
-from .qc_maps import HermiteCMap, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats, rectifier_c_map
+from .qc_maps import HermiteCMap, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats, rectifier_c_map, rectifier_k
 from .subnetworks import SubnetworkProgram
 
 
@@ -83,7 +83,7 @@ def _summary(graph: NetworkGraph, program: SubnetworkProgram) -> GraphSummary:
     kinds = Counter(nd.kind for nd in graph.nodes)
     return GraphSummary(
         nodes=graph.n,
-        depth=program.nonlinear_depth(),  # the whole network's pass: graph.depth() without a walk
+        depth=program.depth,
         activations=kinds[ACT],
         sums=kinds[SUM],
         concats=kinds[CONCAT],
@@ -141,7 +141,7 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
     # one pass of the global map for the sample grid and c = 0 with slope a (row 0) and for the
     # untransformed ReLU (row 1): a pass costs a local map evaluation per layer, whatever its size
     rows = np.tile(np.append(grid, 0.0), (2, 1))
-    ks = np.array([[(1.0 - a) ** 2 / (np.pi * (1.0 + a * a))], [1.0 / np.pi]])
+    ks = rectifier_k(np.array([[a], [0.0]]))
     both = program.global_map(rows, lambda c, _slot: rectifier_c_map(c, ks))
     global_at = both[0]
     return Solution(

@@ -185,8 +185,14 @@ def leaky_relu_c_map(c, negative_slope):
     C(c) = c + (1 - a)^2 / (pi (1 + a^2)) * (sqrt(1 - c^2) - c * arccos(c)); vectorized over c
     and the negative slope a.
     """
+    return rectifier_c_map(c, rectifier_k(negative_slope))
+
+
+def rectifier_k(negative_slope):
+    """k = (1 - a)^2 / (pi (1 + a^2)): equation 9's weight of the nonlinear part, C_a(0) itself;
+    for a float, an array or (the complex step of ``roots``) a complex a."""
     a = negative_slope
-    return rectifier_c_map(c, (1.0 - a) ** 2 / (np.pi * (1.0 + a * a)))
+    return (1.0 - a) ** 2 / (math.pi * (1.0 + a * a))
 
 
 def rectifier_c_map(c, k):
@@ -212,7 +218,7 @@ def leaky_relu_c_map_scalar(c: float, negative_slope: float) -> float:
     """Scalar fast path of ``leaky_relu_c_map`` for the solver's inner loop."""
     c = min(1.0, max(-1.0, c))
     a = negative_slope
-    return c + (1.0 - a) ** 2 / (math.pi * (1.0 + a * a)) * (math.sqrt(1.0 - c * c) - c * math.acos(c))
+    return c + rectifier_k(a) * (math.sqrt(1.0 - c * c) - c * math.acos(c))
 
 
 def c_map(phi, c, q: float = 1.0, second: float | None = None):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 
@@ -49,6 +48,8 @@ class SubnetworkProgram:
     groups: tuple[_Group, ...]
     output: int
     user_ids: tuple[str, ...]
+    # the most nonlinear layers on a path from an input to the output (``NetworkGraph.depth``)
+    depth: int
     # a chain (``_chain_program``): one group, node k reading node k - 1, every node but the input
     # an endpoint, so a pass is a running value with no table of node values
     chain: bool = False
@@ -56,22 +57,6 @@ class SubnetworkProgram:
     @property
     def regions(self) -> int:
         return sum(len(g.endpoints) for g in self.groups)
-
-    @cached_property
-    def _depth(self) -> int:
-        """The most nonlinear layers on a path through the whole network (group 0)."""
-        d: dict[int, int] = {}
-        group = self.groups[0]
-        for node, op, ins, _ in group.steps:
-            if op == _OP_MIX:
-                d[node] = max(d[i] for i in ins)
-            else:
-                d[node] = 0 if ins is None else d[ins] + (op == _OP_ACT)
-        return d.get(self.output, 0)
-
-    def nonlinear_depth(self) -> int:
-        """The most nonlinear layers on a path from an input to the output (``NetworkGraph.depth``)."""
-        return self._depth
 
     def global_map(self, x, r: LocalMap):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
@@ -331,7 +316,7 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
                 step = step_of[v] = _step(nodes, v, fn_slot)
             steps.append(step)
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
-    return SubnetworkProgram(tuple(groups), graph.output, tuple(nd.user_id for nd in nodes))
+    return SubnetworkProgram(tuple(groups), graph.output, tuple(nd.user_id for nd in nodes), graph.depth())
 
 
 def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
@@ -344,4 +329,6 @@ def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkPr
     nodes = graph.nodes
     steps = tuple(_step(nodes, v, fn_slot) for v in range(graph.n))
     ends = tuple(v for v in range(graph.n) if nodes[v].kind != SOURCE)
-    return SubnetworkProgram((_Group(None, steps, ends),), graph.output, tuple(nd.user_id for nd in nodes), chain=True)
+    return SubnetworkProgram(
+        (_Group(None, steps, ends),), graph.output, tuple(nd.user_id for nd in nodes), graph.depth(), chain=True
+    )

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import SigpropError
 from .activations import Activation
-from .qc_maps import leaky_relu_c_map_scalar
+from .qc_maps import leaky_relu_c_map_scalar, rectifier_k
 from .roots import complex_step, newton_bracketed
 from .subnetworks import SubnetworkProgram
 from .transform import TransformSolution, solve_transform
@@ -58,7 +58,7 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
         lambda a: complex_step(lambda z: eta - _mu0_complex(program, z), a),
         0.0,
         1.0,
-        _slope_estimate(eta, program.nonlinear_depth()),
+        _slope_estimate(eta, program.depth),
         f_lo=eta - reachable,
     )
 
@@ -74,7 +74,7 @@ def _tailored_c_map_complex(c: complex, k: complex) -> complex:
 
 
 def _mu0_complex(program: SubnetworkProgram, a: complex) -> complex:
-    k = (1.0 - a) ** 2 / (math.pi * (1.0 + a * a))
+    k = rectifier_k(a)
     return complex(program.maximize(0.0, lambda c, _slot: _tailored_c_map_complex(c, k)))
 
 

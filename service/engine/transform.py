@@ -86,31 +86,33 @@ def starting_points(names: tuple[str, ...], num_tries: int = NUM_TRIES) -> tuple
 
 def complete_params(act: Activation, names: tuple[str, ...], p, c_0_target: float | None) -> dict[str, float]:
     """Fill in output_shift (from C(0), when targeted) and output_scale (from Q(1) = 1)."""
-    return _complete(act, names, p, c_0_target)[0]
-
-
-def _complete(act: Activation, names: tuple[str, ...], p, c_0_target: float | None):
-    """(the four parameters, their q = 1 statistics): ``complete_params`` and what a step checks."""
     params = {name: float(v) for name, v in zip(names, p, strict=False)}
     shift = None if c_0_target is not None else params["output_shift"]
-    shift, scale, st = shaped_stats(act, params["input_scale"], params["input_shift"], shift, c_0_target or 0.0)
+    shift, scale, _ = shaped_stats(act, params["input_scale"], params["input_shift"], shift, c_0_target or 0.0)
     params["output_shift"], params["output_scale"] = shift, scale
-    return params, st
+    return params
+
+
+def _conditions(act: Activation, c_0: float | None, targets, p) -> np.ndarray | None:
+    """The residuals of the conditions at reference coordinates p = (alpha, beta[, delta]); None
+    outside the search's bounds. Every step of both searches runs this, so p goes straight to
+    ``shaped_stats`` (no parameter dict)."""
+    v = p.tolist()
+    if not (abs(v[0]) <= MAX_INPUT_SCALE and all(abs(x) <= 1e3 for x in v[1:])):
+        return None
+    st = shaped_stats(act, v[0], v[1], None if c_0 is not None else v[2], c_0 or 0.0)[2]
+    q_slope_1, c_slope_1, c_curv_1 = targets
+    if c_curv_1 is None:
+        return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1])
+    return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1, st.c_curv_1 - c_curv_1])
 
 
 def _reference_residuals(act, names, c_0, targets):
     """The conditions in the reference's own coordinates (alpha, beta[, delta]), as dks solves them."""
-    q_slope_1, c_slope_1, c_curv_1 = targets
 
     def residuals(p):
-        v = p.tolist()
-        if not (abs(v[0]) <= MAX_INPUT_SCALE and all(abs(x) <= 1e3 for x in v[1:])):
-            return np.full(len(names), _PENALTY)
-        # (alpha, beta[, delta]) straight to the statistics: this runs at every step of the search
-        st = shaped_stats(act, v[0], v[1], None if c_0 is not None else v[2], c_0 or 0.0)[2]
-        if c_curv_1 is None:
-            return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1])
-        return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1, st.c_curv_1 - c_curv_1])
+        r = _conditions(act, c_0, targets, p)
+        return np.full(len(names), _PENALTY) if r is None else r
 
     return residuals
 
@@ -142,15 +144,8 @@ class _NearLinear:
         return np.asarray(u)
 
     def residuals(self, u) -> np.ndarray:
-        p = self.to_reference(u)
-        if not (abs(p[0]) <= MAX_INPUT_SCALE and all(abs(v) <= 1e3 for v in p[1:].tolist())):
-            return np.full(len(self.names), _PENALTY)
-        st = _complete(self.act, self.names, p, self.c_0)[1]
-        q_slope_1, c_slope_1, c_curv_1 = self.targets
-        r = [st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1]
-        if c_curv_1 is not None:
-            r.append(st.c_curv_1 - c_curv_1)
-        return np.asarray(r) / self.t
+        r = _conditions(self.act, self.c_0, self.targets, self.to_reference(u))
+        return np.full(len(self.names), _PENALTY) if r is None else r / self.t
 
     def starting_points(self) -> list[tuple[float, ...]]:
         """Positive input scales first, then their mirror images (-alpha, -beta): for a phi whose
