@@ -4,7 +4,11 @@
 - the wide-panel rule of the Q/C statistics against the narrow rule it replaced and a much finer one;
 - the early-stopped Hermite series against the full 96-term series;
 - the bracketed Newton iteration with complex-step derivatives (``roots``) against Brent's method
-  on the same functions, for TAT's negative slope and DKS's per-layer slope.
+  on the same functions, for TAT's negative slope and DKS's per-layer slope;
+- a chain's program (running value, lazily built groups, one real pass with forward derivatives
+  for TReLU) against the general analysis of the same graph and the complex step;
+- the closed-form TReLU statistics, the two-buffer chain map and the cumulative-product Hermite
+  series evaluation against quadrature, the per-layer map and Horner's rule.
 """
 
 from __future__ import annotations
@@ -176,6 +180,8 @@ def test_chain_program_is_what_the_general_analysis_finds(graph):
     slots = {fn: i for i, fn in enumerate(g.activation_fns())}
     chain, general = subnetworks.compile_subnetworks(g), subnetworks._general_program(g, slots)
     assert chain.chain and not general.chain
+    assert callable(chain.group_source)  # not built until something asks for them
+    assert (chain.regions, chain.depth) == (general.regions, general.depth) == (g.n - 1, g.depth())
     assert (chain.groups, chain.output, chain.user_ids) == (general.groups, general.output, general.user_ids)
     # the running-value pass gives what the node-table pass gives, for scalars, complex steps and arrays
     r = lambda y, _slot: 0.3 + 0.6 * y + 0.1 * y * y  # noqa: E731
@@ -185,6 +191,72 @@ def test_chain_program_is_what_the_general_analysis_finds(graph):
         )
         np.testing.assert_array_equal(chain.global_map(x, r), general.global_map(x, r))
         np.testing.assert_array_equal(chain.maximize(x, r), general.maximize(x, r))
+    # a map that falls after a few layers: a subnetwork short of the whole network attains the max
+    for bump in (lambda y, _slot: 0.5 + 0.4 * y, lambda y, _slot: 0.9 - y * y):
+        assert chain.argmax(0.0, bump) == general.argmax(0.0, bump)
+        assert chain.maximize(0.0, bump) == general.maximize(0.0, bump)
+    if chain.depth > 1:  # 0 -> 0.9 -> 0.09 -> ..: the first activation's subnetwork is the largest
+        assert chain.argmax(0.0, lambda y, _slot: 0.9 - y * y) == f"from the input to {chain.user_ids[2]!r}"
+
+
+@pytest.mark.parametrize("depth", [1, 3, 100, 1000])
+def test_chain_trelu_pass_matches_the_general_pass(depth):
+    """tat._chain_mu0's value and forward derivative against the general program's pass over the
+    same chain, with the complex step."""
+    from sigprop.engine import subnetworks
+
+    g = prepare(
+        SolveRequest.model_validate(
+            {"graph": {"template": "mlp", "depth": depth}, "method": "tat", "activation": "leaky_relu"}
+        )
+    ).graph
+    general = subnetworks._general_program(g, {"leaky_relu": 0})
+    chain = compile_subnetworks(g)
+    for a in (0.0, 0.2, 0.57, 0.95, 1.0):
+        v, d = tat._chain_mu0(len(chain.chain_slots), a)
+        ref_v, ref_d = complex_step(lambda z: tat._mu0_complex(general, z), a)
+        assert v == pytest.approx(ref_v, rel=0, abs=4e-16)
+        # a Newton slope: the two round differently once c is near 1 (ReLU, a thousand layers)
+        assert d == pytest.approx(ref_d, rel=1e-9 if depth > 100 else 1e-12, abs=1e-15)
+        assert tat.max_c_value(chain, a) == v
+        assert tat.max_c_value(general, a) == pytest.approx(v, rel=0, abs=4e-16)
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 1.0])
+def test_closed_form_trelu_statistics_match_quadrature(a):
+    scale = float(np.sqrt(2.0 / (1.0 + a * a)))
+    got = qc_maps.leaky_relu_stats(a, scale)
+    want = qc_maps.local_stats(get_activation("leaky_relu", negative_slope=a), output_scale=scale)
+    for name in ("mean", "second", "d1_mean", "d1_sq", "d2_sq", "q_slope_1"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=0, abs=2e-15), name
+    for one in (got.q_1, got.q_slope_1, got.c_slope_1):  # equation 9's normalization
+        assert one == pytest.approx(1.0, abs=1e-15)
+    assert got.c_0 == pytest.approx(qc_maps.rectifier_k(a), abs=1e-16)
+
+
+def test_two_buffer_chain_map_equals_the_layer_by_layer_map():
+    rows = np.tile(np.append(np.linspace(-1.0, 1.0, 33), 0.0), (2, 1))
+    ks = qc_maps.rectifier_k(np.array([[0.57], [0.0]]))
+    want = rows
+    for _ in range(100):
+        want = qc_maps.rectifier_c_map(want, ks)
+    got = qc_maps.rectifier_chain_map(rows, ks, 100)
+    np.testing.assert_array_equal(got, want)
+    assert rows[0, 0] == -1.0 and rows[0, -1] == 0.0  # the input is not overwritten
+    np.testing.assert_array_equal(qc_maps.rectifier_chain_map(rows, ks, 0), rows)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [("swish", dict(input_scale=1.1, input_shift=0.2, output_scale=1.3)), ("tanh", {}), ("relu", {})],
+)
+def test_hermite_map_evaluation_equals_horner(name, params):
+    table = HermiteCMap(get_activation(name), **params)
+    c = np.linspace(-1.0, 1.0, 101)
+    horner = np.polynomial.polynomial.polyval(c, table.coefficients)
+    np.testing.assert_allclose(table(c), horner, rtol=0, atol=9e-16)
+    np.testing.assert_allclose(table(c[:7]), horner[:7], rtol=0, atol=9e-16)  # another sample size
+    np.testing.assert_allclose(table(c), horner, rtol=0, atol=9e-16)  # its buffer reused
 
 
 def test_a_step_into_saturation_gives_nan_not_an_exception():

@@ -123,5 +123,5 @@ def max_slope_and_curvature(program: SubnetworkProgram, local_slope, local_curv)
         s, k = slopes[0 if one_slope else slot], curvs[0 if one_curv else slot]
         return s * y + 1j * (k * y.real * y.real)
 
-    found = [complex(v) for v in program.endpoint_values(complex(1.0, 0.0), layer)]
+    found = [complex(v) for v in program.candidate_values(complex(1.0, 0.0), layer)]
     return np.array([max(v.real for v in found), max(v.imag for v in found)])

@@ -29,10 +29,19 @@ from ..schemas.solve import (
 )
 from ..schemas.structure import StructureReport, pooling_warnings
 from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, sparse_eoc, tat
-from .activations import Activation, get_activation, transformed
+from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
-from .qc_maps import HermiteCMap, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats, rectifier_c_map, rectifier_k
+from .qc_maps import (
+    HermiteCMap,
+    leaky_relu_c_map,
+    leaky_relu_c_map_scalar,
+    leaky_relu_stats,
+    local_stats,
+    rectifier_c_map,
+    rectifier_chain_map,
+    rectifier_k,
+)
 from .subnetworks import SubnetworkProgram
 
 
@@ -134,15 +143,17 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
         )
     a = tat.solve_tat_leaky_relu(program, targets["eta"])
     out_scale = float(np.sqrt(2.0 / (1.0 + a * a)))
-    phi_hat = transformed(get_activation("leaky_relu", negative_slope=a), output_scale=out_scale)
-    st = local_stats(phi_hat)
+    st = leaky_relu_stats(a, out_scale)
     grid = _c_grid(m.request.c_map_points)
     scalar = lambda c, _slot: leaky_relu_c_map_scalar(c, a)  # noqa: E731
     # one pass of the global map for the sample grid and c = 0 with slope a (row 0) and for the
     # untransformed ReLU (row 1): a pass costs a local map evaluation per layer, whatever its size
     rows = np.tile(np.append(grid, 0.0), (2, 1))
     ks = rectifier_k(np.array([[a], [0.0]]))
-    both = program.global_map(rows, lambda c, _slot: rectifier_c_map(c, ks))
+    if program.chain:
+        both = rectifier_chain_map(rows, ks, len(program.chain_slots))
+    else:
+        both = program.global_map(rows, lambda c, _slot: rectifier_c_map(c, ks))
     global_at = both[0]
     return Solution(
         **m.common(),
@@ -165,7 +176,8 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
         ),
         jacobian=jacobian.summary(graph, act),
         layers=layer_inits(graph, m.request.init),
-        warnings=_warnings_for(graph, m.report) + _maximizer_note(program, 0.0, scalar),
+        # equation 9 never decreases c, so on a chain the whole network attains mu_f^0 (tat._chain_mu0)
+        warnings=_warnings_for(graph, m.report) + ([] if program.chain else _maximizer_note(program, 0.0, scalar)),
     )
 
 

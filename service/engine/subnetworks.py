@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -45,7 +46,10 @@ class _Group:
 class SubnetworkProgram:
     """M_{f,r} compiled for repeated evaluation with different r (one per solver iteration)."""
 
-    groups: tuple[_Group, ...]
+    # the groups, or for a chain what makes them on first use (its passes need only ``chain_slots``)
+    group_source: tuple[_Group, ...] | Callable[[], tuple[_Group, ...]]
+    # the number of largest subnetworks, one per endpoint
+    regions: int
     output: int
     user_ids: tuple[str, ...]
     # the most nonlinear layers on a path from an input to the output (``NetworkGraph.depth``)
@@ -53,15 +57,27 @@ class SubnetworkProgram:
     # a chain (``_chain_program``): one group, node k reading node k - 1, every node but the input
     # an endpoint, so a pass is a running value with no table of node values
     chain: bool = False
+    # a chain's activation slots in order, and whether an endpoint before the first of them (an
+    # affine layer) keeps the input's value: the distinct values of a chain's endpoints, which
+    # are those of the nodes ``chain_ends`` (the first such endpoint, then the activations)
+    chain_slots: tuple[int, ...] = ()
+    chain_keeps_input: bool = False
+    chain_ends: tuple[int, ...] = ()
 
     @property
-    def regions(self) -> int:
-        return sum(len(g.endpoints) for g in self.groups)
+    def groups(self) -> tuple[_Group, ...]:
+        groups = self.group_source
+        if callable(groups):
+            groups = groups()
+            object.__setattr__(self, "group_source", groups)  # a cache: the program's value is unchanged
+        return groups
 
     def global_map(self, x, r: LocalMap):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
         if self.chain:
-            return self._run_chain(x, r)[-1]
+            for slot in self.chain_slots:
+                x = r(x, slot)
+            return x
         vals = self._run(self.groups[0], x, r)
         return vals[self.output]
 
@@ -75,9 +91,20 @@ class SubnetworkProgram:
             found.extend(vals[t] for t in g.endpoints)
         return found
 
+    def candidate_values(self, x, r: LocalMap) -> list:
+        """The values M_{f,r}(x) is the maximum of: ``endpoint_values``, with a chain's affine
+        layers, which repeat the value before them, left out (half the local map calls of an MLP)."""
+        if not self.chain:
+            return self.endpoint_values(x, r)
+        found = [x] if self.chain_keeps_input else []
+        for slot in self.chain_slots:
+            x = r(x, slot)
+            found.append(x)
+        return found
+
     def maximize(self, x, r: LocalMap):
         """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
-        found = self.endpoint_values(x, r)
+        found = self.candidate_values(x, r)
         if len(found) == 1:
             return found[0]
         # one reduction instead of a numpy call per endpoint (thousands on a ladder); the same
@@ -86,6 +113,13 @@ class SubnetworkProgram:
 
     def argmax(self, x: float, r: LocalMap) -> str:
         """A readable name of the subnetwork that attains M_{f,r}(x)."""
+        if self.chain:  # every subnetwork starts at the input; the whole network's value is the last
+            found = self.candidate_values(x, r)
+            best, name = float(found[-1]), "the whole network"
+            for t, v in zip(self.chain_ends, found, strict=True):
+                if v > best * (1 + 1e-12) + 1e-15:
+                    best, name = v, f"from the input to {self.user_ids[t]!r}"
+            return name
         whole = self._run(self.groups[0], x, r)  # group 0 is the whole network's: U_{f,r}(x) too
         best, name = float(whole[self.output]), "the whole network"
         for i, g in enumerate(self.groups):
@@ -316,7 +350,13 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
                 step = step_of[v] = _step(nodes, v, fn_slot)
             steps.append(step)
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
-    return SubnetworkProgram(tuple(groups), graph.output, tuple(nd.user_id for nd in nodes), graph.depth())
+    return SubnetworkProgram(
+        tuple(groups),
+        sum(len(g.endpoints) for g in groups),
+        graph.output,
+        tuple(nd.user_id for nd in nodes),
+        graph.depth(),
+    )
 
 
 def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
@@ -327,8 +367,24 @@ def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkPr
     with every node an endpoint (what ``compile_subnetworks`` finds for a chain the long way; the
     tests compare the two, and the two ways of running them)."""
     nodes = graph.nodes
-    steps = tuple(_step(nodes, v, fn_slot) for v in range(graph.n))
-    ends = tuple(v for v in range(graph.n) if nodes[v].kind != SOURCE)
+    acts = [nd.index for nd in nodes if nd.kind == ACT]
+    slots = tuple([fn_slot[nodes[v].attrs["fn"]] for v in acts])
+    # an endpoint ahead of the first activation (the whole chain when it has none) holds the input
+    keeps_input = not acts or acts[0] != 1
     return SubnetworkProgram(
-        (_Group(None, steps, ends),), graph.output, tuple(nd.user_id for nd in nodes), graph.depth(), chain=True
+        partial(_chain_groups, graph, fn_slot),
+        graph.n - 1,
+        graph.output,
+        tuple([nd.user_id for nd in nodes]),
+        len(acts),  # every node of a chain is on the one path
+        chain=True,
+        chain_slots=slots,
+        chain_keeps_input=keeps_input,
+        chain_ends=((1,) if keeps_input else ()) + tuple(acts),
     )
+
+
+def _chain_groups(graph: NetworkGraph, fn_slot: dict[str, int]) -> tuple[_Group, ...]:
+    nodes = graph.nodes
+    steps = tuple(_step(nodes, v, fn_slot) for v in range(graph.n))
+    return (_Group(None, steps, tuple(range(1, graph.n))),)

@@ -30,7 +30,30 @@ from .transform import TransformSolution, solve_transform
 
 def max_c_value(program: SubnetworkProgram, negative_slope: float) -> float:
     """mu_f^0(a): the maximal C_g(0) over subnetworks g for Leaky ReLU slope a (Appendix B.1)."""
+    if program.chain:
+        return _chain_mu0(len(program.chain_slots), negative_slope)[0]
     return program.maximize(0.0, lambda c, _slot: leaky_relu_c_map_scalar(c, negative_slope))
+
+
+def _chain_mu0(layers: int, a: float) -> tuple[float, float]:
+    """(mu_f^0(a), d mu_f^0 / da) of a chain of ``layers`` Leaky ReLU layers, in one real pass.
+
+    Equation 9's C(c) = c + k g(c), g(c) = sqrt(1 - c^2) - c arccos c >= 0, never decreases c, so
+    the largest C_g(0) over a chain's subnetworks is the whole chain's, C^(layers)(0). Its
+    derivative follows by forward differentiation: dC/dc = 1 - k arccos c and dC/dk = g(c), with
+    k = (1 - a)^2 / (pi (1 + a^2)) and dk/da = -2 (1 - a)(1 + a) / (pi (1 + a^2)^2). The same
+    numbers as the general pass with the complex step, a few times faster (no complex arithmetic,
+    no local map call per layer): an MLP's solve is mostly these passes."""
+    k = rectifier_k(a)
+    dk = -2.0 * (1.0 - a) * (1.0 + a) / (math.pi * (1.0 + a * a) ** 2)
+    c = dc = 0.0
+    sqrt, acos = math.sqrt, math.acos
+    for _ in range(layers):
+        t = acos(c)
+        g = sqrt(1.0 - c * c) - c * t
+        dc = (1.0 - k * t) * dc + dk * g
+        c = min(c + k * g, 1.0)
+    return c, dc
 
 
 def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
@@ -54,8 +77,13 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
     if eta == 0.0:
         return 1.0
     # mu_f^0 is decreasing in a: the root of eta - mu_f^0(a) on [0, 1], with f(0) < 0 known
+    if program.chain:
+        layers = len(program.chain_slots)
+        residual = lambda a: (lambda v, d: (eta - v, -d))(*_chain_mu0(layers, a))  # noqa: E731
+    else:
+        residual = lambda a: complex_step(lambda z: eta - _mu0_complex(program, z), a)  # noqa: E731
     return newton_bracketed(
-        lambda a: complex_step(lambda z: eta - _mu0_complex(program, z), a),
+        residual,
         0.0,
         1.0,
         _slope_estimate(eta, program.depth),
@@ -82,11 +110,16 @@ _GL_X, _GL_W = np.polynomial.legendre.leggauss(24)
 
 
 def _slope_estimate(eta: float, depth: int) -> float:
-    """A starting slope: a chain of ``depth`` layers with small k = (1 - a)^2 / (pi (1 + a^2)) moves
-    c by k g(c) per layer, g(c) = sqrt(1 - c^2) - c arccos c, so depth k ~ int_0^eta dc / g(c)."""
+    """A starting slope. A chain of ``depth`` layers with small k = (1 - a)^2 / (pi (1 + a^2))
+    moves c by k g(c) per layer, g(c) = sqrt(1 - c^2) - c arccos c: the flow of dc/dt = k G(c)
+    with G = g - k g g' / 2 + O(k^2) (the vector field whose time-1 map is the layer), so reaching
+    eta from 0 takes depth = I / k + ln(g(eta) / g(0)) / 2 layers with I = int_0^eta dc / g(c).
+    Within about 1e-4 of the root at depth 50 and 1e-7 at depth 1000 (eta = 0.9 to 0.95)."""
     c = 0.5 * eta * (_GL_X + 1.0)
     g = np.sqrt(1.0 - c * c) - c * np.arccos(c)
-    k = min(float(0.5 * eta * (_GL_W @ (1.0 / g))) / max(depth, 1), 1.0 / math.pi)
+    g_eta = math.sqrt(1.0 - eta * eta) - eta * math.acos(eta)
+    layers = max(depth, 1) - 0.5 * math.log(g_eta) if g_eta > 0.0 else max(depth, 1)
+    k = min(float(0.5 * eta * (_GL_W @ (1.0 / g))) / layers, 1.0 / math.pi)
     m = 1.0 - math.pi * k  # (1 - a)^2 = pi k (1 + a^2), solved for a in [0, 1]
     return m / (1.0 + math.sqrt(max(0.0, 1.0 - m * m)))
 
