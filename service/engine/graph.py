@@ -225,6 +225,9 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
     function in canonical order.
     """
     wire = graph.nodes
+    if getattr(graph, "chain", False):  # a template's chain: valid and in canonical order as made
+        nodes = _canonical_nodes(wire, {}, default_activation)
+        return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=[])
     by_id = {nd.id: nd for nd in wire}
     if len(by_id) != len(wire):
         _raise_duplicate(wire)

@@ -52,7 +52,9 @@ def _chain_mu0(layers: int, a: float) -> tuple[float, float]:
         t = acos(c)
         g = sqrt(1.0 - c * c) - c * t
         dc = (1.0 - k * t) * dc + dk * g
-        c = min(c + k * g, 1.0)
+        c += k * g
+        if c > 1.0:  # only by rounding: C(c) <= 1
+            c = 1.0
     return c, dc
 
 

@@ -77,9 +77,14 @@ _WIRE_TYPES: dict[type, type] = {}
 
 
 class TemplateNodes(NamedTuple):
-    """A template's nodes as the graph engine reads them (``build_graph`` takes it for a graph)."""
+    """A template's nodes as the graph engine reads them (``build_graph`` takes it for a graph).
+
+    ``chain``: every node after the first reads the node listed before it and the last is the
+    output, as the builder made them: unique ids, one output, all live, listed in canonical order,
+    so ``build_graph`` can skip the checks and the walk that establish that for a user's graph."""
 
     nodes: list
+    chain: bool = False
 
 
 def _wire_type(model: type) -> type:
@@ -116,7 +121,7 @@ class _Builder:
         """The nodes as a validated graph (raises pydantic's ``ValidationError``)."""
         return Graph.model_validate({"schema": GRAPH_SCHEMA, "nodes": self.nodes})
 
-    def engine_nodes(self) -> list | None:
+    def engine_nodes(self) -> TemplateNodes | None:
         """``self.graph().nodes`` as the graph engine reads them, without validating every node: a
         request's template expansion is on the path of every cold solve, and validating each node
         cost more than building it. None when a node is invalid (``graph`` says which).
@@ -126,28 +131,37 @@ class _Builder:
         fields. Those nodes are ``_WireNode``s with these fields; the others the validated models.
         """
         try:
-            _IDS.validate_python([node["id"] for node in self.nodes])
+            ids = [node["id"] for node in self.nodes]
+            _IDS.validate_python(ids)
             nodes: list = []
             protos: dict[tuple, tuple[type, dict]] = {}
             new = object.__new__
+            # a chain: the input alone has no key (sums and concats have none), and every keyed
+            # node (one input) reads the node before it
+            chain, last = True, None
             for node, key in zip(self.nodes, self.keys, strict=True):
                 proto = protos.get(key)  # None for a node without a key: those are not stored
                 if proto is None:
                     validated = _NODE.validate_python(node)
                     if key is None:
+                        chain = chain and last is None
+                        last = node["id"]
                         nodes.append(validated)
                         continue
                     proto = protos[key] = (_wire_type(type(validated)), validated.__dict__)
                 wire_type, fields = proto
                 fields = fields.copy()
-                fields["id"] = node["id"]
-                fields["inputs"] = node["inputs"]
+                fields["id"] = nid = node["id"]
+                fields["inputs"] = ins = node["inputs"]
+                if ins[0] != last:
+                    chain = False
+                last = nid
                 wire = new(wire_type)
                 wire.__dict__ = fields
                 nodes.append(wire)
         except ValidationError:
             return None
-        return nodes
+        return TemplateNodes(nodes, chain and nodes[-1].op == "output")
 
     def _too_small(self, nid: str) -> SigpropError:
         first = self.nodes[0]["shape"]

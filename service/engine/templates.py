@@ -564,13 +564,13 @@ def expand_template_nodes(t: Template, *, max_nodes: int | None = None) -> Templ
     fields, as plain attributes; ``_Builder.engine_nodes``), built several times faster: what a
     solve request's template expands to. Raises as ``expand_template``."""
     builder = _expand(t, max_nodes)
-    nodes = builder.engine_nodes()
-    if nodes is None:
+    found = builder.engine_nodes()
+    if found is None:
         try:
-            nodes = builder.graph().nodes  # raises the schema's error
+            return TemplateNodes(builder.graph().nodes)  # raises the schema's error
         except ValidationError as exc:
             raise _invalid_expansion(t, exc) from None
-    return TemplateNodes(nodes)
+    return found
 
 
 def _expand(t: Template, max_nodes: int | None) -> _Builder:
