@@ -257,6 +257,25 @@ def test_hermite_map_evaluation_equals_horner(name, params):
     np.testing.assert_allclose(table(c), horner, rtol=0, atol=9e-16)
     np.testing.assert_allclose(table(c[:7]), horner[:7], rtol=0, atol=9e-16)  # another sample size
     np.testing.assert_allclose(table(c), horner, rtol=0, atol=9e-16)  # its buffer reused
+    layered = c
+    for _ in range(50):
+        layered = table(layered)
+    np.testing.assert_array_equal(table.iterate(c, 50), layered)  # a chain's global map
+    np.testing.assert_array_equal(table.iterate(c, 0), c)
+
+
+def test_repeated_points_are_evaluated_once(monkeypatch):
+    """scipy's root evaluates its start three times, and a polished root is evaluated again in the
+    other coordinates: the conditions remember the last point, and the answer is unchanged."""
+    from sigprop.engine import transform
+
+    calls = []
+    real = transform._conditions
+    monkeypatch.setattr(transform, "_conditions", lambda *a: calls.append(a[-1].tobytes()) or real(*a))
+    sol = transform.solve_transform(get_activation("swish"), c_slope_1=1.5 ** (1 / 100), c_0=0.0)
+    assert all(a != b for a, b in zip(calls, calls[1:], strict=False))  # no point twice in a row
+    monkeypatch.setattr(transform._LastPoint, "__call__", lambda self, p: real(self.act, self.c_0, self.targets, p))
+    assert transform.solve_transform(get_activation("swish"), c_slope_1=1.5 ** (1 / 100), c_0=0.0) == sol
 
 
 def test_a_step_into_saturation_gives_nan_not_an_exception():

@@ -553,7 +553,11 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
     shown = top or per[0]
     # one pass of the global map over the sample grid and c = 0 together (a pass costs a local map
     # evaluation per layer, whatever the number of points)
-    global_at = program.global_map(np.append(grid, 0.0), local)
+    sample = np.append(grid, 0.0)
+    if program.chain and len(per) == 1:
+        global_at = per[0].table.iterate(sample, len(program.chain_slots))
+    else:
+        global_at = program.global_map(sample, local)
     return Solution(
         **m.common(),
         **(top.fields() if top else {}),

@@ -376,6 +376,24 @@ class HermiteCMap:
         out += coef[0]
         return out
 
+    def iterate(self, c: np.ndarray, layers: int) -> np.ndarray:
+        """C applied ``layers`` times to a 1-D array (a chain's global C map): ``__call__``'s four
+        numpy calls a layer without its per-call checks and lookups."""
+        coef = self.coefficients
+        c = np.array(c, dtype=float)
+        if len(coef) == 1 or c.ndim != 1:
+            for _ in range(layers):
+                c = self(c)
+            return c
+        powers = np.empty((len(coef) - 1, len(c)))
+        accumulate, rising, const = np.multiply.accumulate, self._rising, coef[0]
+        for _ in range(layers):
+            powers[:] = c
+            accumulate(powers, 0, None, powers)
+            c = rising @ powers
+            c += const
+        return c
+
 
 _SQRT = np.sqrt(np.arange(200.0))
 _INV_SQRT = 1.0 / np.where(_SQRT > 0, _SQRT, 1.0)
