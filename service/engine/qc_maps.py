@@ -143,8 +143,9 @@ def local_stats(
 
 def _expectations(z, w, f, d1, d2) -> np.ndarray:
     """E[f], E[f^2], E[d1], E[d1^2], E[d2^2], E[f d1 z] as one matrix-vector product (a root
-    search's evaluations are dominated by numpy's per-call cost on a few hundred nodes)."""
-    return np.stack([f, f * f, d1, d1 * d1, d2 * d2, f * d1 * z]) @ w
+    search's evaluations are dominated by numpy's per-call cost on a few hundred nodes; np.array
+    builds the matrix in half the time np.stack's argument checks take)."""
+    return np.array([f, f * f, d1, d1 * d1, d2 * d2, f * d1 * z]) @ w
 
 
 def _scaled(m: np.ndarray, scale: float) -> LocalStats:
