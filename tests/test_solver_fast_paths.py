@@ -195,6 +195,15 @@ def test_chain_program_is_what_the_general_analysis_finds(graph):
     for bump in (lambda y, _slot: 0.5 + 0.4 * y, lambda y, _slot: 0.9 - y * y):
         assert chain.argmax(0.0, bump) == general.argmax(0.0, bump)
         assert chain.maximize(0.0, bump) == general.maximize(0.0, bump)
+    # DKS's slope function in closed form on a chain (s^L) against the general pass
+    for slope in (1.0, 1.004, 1.3, 2.0):
+        assert deep_kernel_shaping.max_slope(chain, slope) == pytest.approx(
+            deep_kernel_shaping.max_slope(general, slope), rel=1e-13
+        )
+    for zeta in (1.0001, 1.5, 1e6):
+        assert deep_kernel_shaping.local_slope_target(chain, zeta) == pytest.approx(
+            deep_kernel_shaping.local_slope_target(general, zeta), rel=2e-16
+        )
     if chain.depth > 1:  # 0 -> 0.9 -> 0.09 -> ..: the first activation's subnetwork is the largest
         assert chain.argmax(0.0, lambda y, _slot: 0.9 - y * y) == f"from the input to {chain.user_ids[2]!r}"
 

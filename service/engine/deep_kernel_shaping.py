@@ -22,6 +22,9 @@ from .transform import TransformSolution, solve_transform
 
 def max_slope(program: SubnetworkProgram, local_slope: float) -> float:
     """mu_f^1: the maximal C'_g(1) over subnetworks g when every layer has C'(1) = local_slope."""
+    if program.chain and local_slope >= 1.0:
+        # a chain's subnetworks run from its input: their slopes are the powers s^l, l <= L
+        return float(local_slope ** len(program.chain_slots))
     return float(program.maximize(1.0, lambda y, _slot: local_slope * y))
 
 
@@ -53,6 +56,11 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
         )
     # mu_f^1(1) = 1 < zeta; from zeta^(1/depth), exact for a chain, Newton needs a few passes
     start = min(zeta ** (1.0 / max(program.depth, 1)), hi)
+    if program.chain:  # mu_f^1(s) = s^L on [1, hi]: Newton on it in closed form
+        layers = len(program.chain_slots)
+        return newton_bracketed(
+            lambda x: (x**layers - zeta, layers * x ** (layers - 1)), 1.0, hi, start, f_lo=1.0 - zeta
+        )
     return newton_bracketed(
         lambda x: complex_step(lambda z: program.maximize(1.0, lambda y, _slot: z * y) - zeta, x),
         1.0,
