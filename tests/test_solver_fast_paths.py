@@ -44,6 +44,12 @@ def test_jet_equals_closed_forms(name):
     for got, want in zip(act.jet(X), (act.fn(X), act.d1(X), act.d2(X)), strict=True):
         # the same formulas; only the order of a few products differs (gelu_tanh: k x x vs k (x x))
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    # _node_values scales phi' and phi'' in place: a jet's arrays must be new, and its own
+    x = X.copy()
+    out = act.jet(x)
+    for i, a in enumerate(out):
+        assert a.flags.owndata and a.flags.writeable
+        assert not np.shares_memory(a, x) and not any(np.shares_memory(a, b) for b in out[i + 1 :])
 
 
 def test_parameterized_and_transformed_activations_have_no_jet():
@@ -200,6 +206,12 @@ def test_chain_program_is_what_the_general_analysis_finds(graph):
         assert deep_kernel_shaping.max_slope(chain, slope) == pytest.approx(
             deep_kernel_shaping.max_slope(general, slope), rel=1e-13
         )
+    for slope, curv in ((1.004, 0.02), (1.0, 0.3), ([1.2, 1.0], [0.0, 0.5])):
+        np.testing.assert_allclose(
+            deep_kernel_shaping.max_slope_and_curvature(chain, slope, curv),
+            deep_kernel_shaping.max_slope_and_curvature(general, slope, curv),
+            rtol=1e-13,
+        )
     for zeta in (1.0001, 1.5, 1e6):
         assert deep_kernel_shaping.local_slope_target(chain, zeta) == pytest.approx(
             deep_kernel_shaping.local_slope_target(general, zeta), rel=2e-16
@@ -298,3 +310,23 @@ def test_a_step_into_saturation_gives_nan_not_an_exception():
         )
     )
     assert ans.c_slope_1 == pytest.approx(1.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-13, 0.01, 0.13, 0.75, 1.0, 1.7, 3.0, -2.5, 40.0])
+def test_unaligned_rule_is_the_general_rule_without_kinks(scale):
+    from sigprop.engine.quadrature import unaligned_rule
+
+    z, w = unaligned_rule(scale)
+    z2, w2 = gaussian_rule(scale=scale)
+    np.testing.assert_array_equal(z, z2)
+    np.testing.assert_array_equal(w, w2)
+
+
+def test_chain_slope_power_overflows_to_inf_as_the_pass_does():
+    from sigprop.engine import subnetworks
+
+    request = {"graph": {"template": "mlp", "depth": 2000}, "method": "dks", "activation": "tanh"}
+    g = prepare(SolveRequest.model_validate({**request, "targets": {"zeta": 1.5}})).graph
+    chain, general = compile_subnetworks(g), subnetworks._general_program(g, {"tanh": 0})
+    assert deep_kernel_shaping.max_slope(chain, 2.0) == deep_kernel_shaping.max_slope(general, 2.0) == np.inf
+    assert deep_kernel_shaping.local_slope_target(chain, 1.5) == pytest.approx(1.5 ** (1 / 2000), rel=1e-15)

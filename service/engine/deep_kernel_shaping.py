@@ -9,6 +9,7 @@ Q(1) = 1, Q'(1) = 1 (or the optional per-layer target ``local_q_slope``, dks's
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,8 +25,16 @@ def max_slope(program: SubnetworkProgram, local_slope: float) -> float:
     """mu_f^1: the maximal C'_g(1) over subnetworks g when every layer has C'(1) = local_slope."""
     if program.chain and local_slope >= 1.0:
         # a chain's subnetworks run from its input: their slopes are the powers s^l, l <= L
-        return float(local_slope ** len(program.chain_slots))
+        return _power(local_slope, len(program.chain_slots))
     return float(program.maximize(1.0, lambda y, _slot: local_slope * y))
+
+
+def _power(x: float, n: int) -> float:
+    """x^n, or inf past the largest float (as the pass's products overflow)."""
+    try:
+        return float(x**n)
+    except OverflowError:
+        return math.inf
 
 
 def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
@@ -59,7 +68,7 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
     if program.chain:  # mu_f^1(s) = s^L on [1, hi]: Newton on it in closed form
         layers = len(program.chain_slots)
         return newton_bracketed(
-            lambda x: (x**layers - zeta, layers * x ** (layers - 1)), 1.0, hi, start, f_lo=1.0 - zeta
+            lambda x: (_power(x, layers) - zeta, layers * _power(x, layers - 1)), 1.0, hi, start, f_lo=1.0 - zeta
         )
     return newton_bracketed(
         lambda x: complex_step(lambda z: program.maximize(1.0, lambda y, _slot: z * y) - zeta, x),
@@ -124,6 +133,14 @@ def max_slope_and_curvature(program: SubnetworkProgram, local_slope, local_curv)
     slopes = [float(v) for v in np.atleast_1d(local_slope)]
     curvs = [float(v) for v in np.atleast_1d(local_curv)]
     one_slope, one_curv = len(slopes) == 1, len(curvs) == 1
+    if program.chain and min(slopes) >= 1.0 and min(curvs) >= 0.0:
+        # every layer then raises both components (y1 >= 1, y2 >= 0): the whole chain's pair is
+        # the largest, from one pass in real arithmetic
+        y1, y2 = 1.0, 0.0
+        for slot in program.chain_slots:
+            s, k = slopes[0 if one_slope else slot], curvs[0 if one_curv else slot]
+            y1, y2 = s * y1, k * y1 * y1 + s * y2
+        return np.array([y1, y2])
 
     # the pair (y1, y2) travels as the complex number y1 + i y2: sums and concatenations are real
     # linear maps, which act on both parts alike, and a layer is s y + i k y1^2 (no array per node)

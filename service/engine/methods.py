@@ -545,11 +545,14 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
     warnings = _warnings_for(graph, m.report) + list(notes or [])
     for x in per:
         warnings += (_smooth_warnings(x.act) if x.has_curv else []) + _c_map_accuracy(x.table)
-    warnings += (
-        _maximizer_note(program, 0.0, lambda y, s: per[s].st.c_curv_1 + y)
-        if curvature
-        else _maximizer_note(program, 1.0, lambda y, s: per[s].st.c_slope_1 * y)
-    )
+    # on a chain, a local map that never lowers its input (C''(1) + y, or C'(1) y with C'(1) >= 1
+    # from y = 1) leaves the largest value to the whole network: no note, no pass
+    if not (program.chain and (curvature or all(x.st.c_slope_1 >= 1.0 for x in per))):
+        warnings += (
+            _maximizer_note(program, 0.0, lambda y, s: per[s].st.c_curv_1 + y)
+            if curvature
+            else _maximizer_note(program, 1.0, lambda y, s: per[s].st.c_slope_1 * y)
+        )
     shown = top or per[0]
     # one pass of the global map over the sample grid and c = 0 together (a pass costs a local map
     # evaluation per layer, whatever the number of points)

@@ -27,13 +27,16 @@ import numpy as np
 
 from .activation_jets import ANALYTIC_STRIP
 from .activations import Activation
-from .quadrature import SERIES_RULE, bivariate_rule, gaussian_rule
+from .quadrature import SERIES_RULE, bivariate_rule, gaussian_rule, unaligned_rule
 from .quadrature import clear_cache as quadrature_rules_clear
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LocalStats:
-    """Gaussian moments of a transformed activation at q = 1, and the map values they give."""
+    """Gaussian moments of a transformed activation at q = 1, and the map values they give.
+
+    Slotted and not frozen: a root search makes one per evaluation, and a frozen dataclass sets
+    each field through ``object.__setattr__``. Nothing mutates them."""
 
     mean: float  # E[phi_hat]
     second: float  # E[phi_hat^2] = Q(1)
@@ -86,7 +89,7 @@ def _analytic_in_wide_strip(act: Activation, input_scale: float) -> bool:
 def moment_rule(act: Activation, input_scale: float, input_shift: float) -> tuple[np.ndarray, np.ndarray]:
     """The rule for the Gaussian moments of phi(input_scale z + input_shift) and its derivatives."""
     if _analytic_in_wide_strip(act, input_scale):
-        return gaussian_rule(scale=input_scale)
+        return unaligned_rule(input_scale)
     return gaussian_rule(_z_kinks(act, input_scale, input_shift), scale=input_scale)
 
 
@@ -101,12 +104,16 @@ def _node_values(act: Activation, input_scale: float, input_shift: float) -> tup
     with a near-linear phi) that keeps Q(1) as accurate as the nodes' values allow, which the
     depth-5000 targets need (their per-layer C''(1) of 2e-7 is met to 1e-9 relative)."""
     z, w = moment_rule(act, input_scale, input_shift)
-    u = input_scale * z + input_shift
-    f, d1, d2 = act.jet(u) if act.jet is not None else (act.fn(u), act.d1(u), act.d2(u))
-    out = (z, w, f, input_scale * d1, input_scale**2 * d2)
-    for a in out[2:]:
-        a.flags.writeable = False
-    return out
+    u = input_scale * z
+    u += input_shift
+    if act.jet is not None:
+        f, d1, d2 = act.jet(u)
+        d1 *= input_scale  # a jet's three arrays are new and its own (tests)
+        d2 *= input_scale * input_scale
+    else:
+        f, d1, d2 = act.fn(u), input_scale * act.d1(u), input_scale * input_scale * act.d2(u)
+    f.flags.writeable = d1.flags.writeable = d2.flags.writeable = False
+    return z, w, f, d1, d2
 
 
 def clear_caches() -> None:
@@ -151,14 +158,8 @@ def _expectations(z, w, f, d1, d2) -> np.ndarray:
 def _scaled(m: np.ndarray, scale: float) -> LocalStats:
     """The statistics of ``scale`` times the function whose expectations ``m`` are."""
     c2 = scale * scale
-    return LocalStats(
-        mean=scale * float(m[0]),
-        second=c2 * float(m[1]),
-        d1_mean=scale * float(m[2]),
-        d1_sq=c2 * float(m[3]),
-        d2_sq=c2 * float(m[4]),
-        q_slope_1=c2 * float(m[5]),
-    )
+    mean, second, d1_mean, d1_sq, d2_sq, q_slope_1 = m.tolist()
+    return LocalStats(scale * mean, c2 * second, scale * d1_mean, c2 * d1_sq, c2 * d2_sq, c2 * q_slope_1)
 
 
 def shaped_stats(

@@ -96,6 +96,15 @@ def gaussian_rule(
     return _composite(breaks, round(fine, 15), widest)
 
 
+def unaligned_rule(scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """``gaussian_rule(scale=scale)`` (no kinks), with its parameters worked out directly: a root
+    search over a phi analytic in a wide strip asks for it at every step."""
+    a = max(abs(scale), 1e-12)
+    fine = max(min(0.5, 0.75 / a), 1e-9)
+    widest = max(0.5, min(MAX_PANEL, 1.5 / a))
+    return _composite((-TAIL, TAIL), round(fine, 15), widest)
+
+
 def clear_cache() -> None:
     """Drop the cached rules (``qc_maps.clear_caches``)."""
     _composite.cache_clear()
