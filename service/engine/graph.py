@@ -224,10 +224,10 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
     arity and inputs (in listing order), cycles, then each live node's shape and activation
     function in canonical order.
     """
-    wire = graph.nodes
     if getattr(graph, "chain", False):  # a template's chain: valid and in canonical order as made
-        nodes = _canonical_nodes(wire, {}, default_activation)
+        nodes = _template_chain_nodes(graph.ids, graph.models, default_activation)
         return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=[])
+    wire = graph.nodes
     by_id = {nd.id: nd for nd in wire}
     if len(by_id) != len(wire):
         _raise_duplicate(wire)
@@ -352,10 +352,7 @@ def _canonical_nodes(order: list, sums, default_activation) -> list[Node]:
             if op == "activation":  # its input's shape
                 fn = nd.fn or default_activation
                 if fn is None:
-                    raise _invalid(
-                        f"activation node '{nid}' names no function",
-                        "set 'fn' on the node or 'activation' on the request",
-                    )
+                    raise _no_function(nid)
                 nodes.append(Node(i, nid, op, ACT, ins, {"fn": fn}, nodes[j].shape))
                 continue
             in_shapes = [nodes[j].shape]
@@ -367,12 +364,51 @@ def _canonical_nodes(order: list, sums, default_activation) -> list[Node]:
             ins = tuple([index[x] for x in srcs])
             in_shapes = [nodes[j].shape for j in ins]
         shape = node_shape(nd, in_shapes)
-        if op == "dense":
-            attrs = {"units": nd.units, "bias": nd.bias}
-        else:
-            make = _ATTRS.get(op)
-            attrs = make(nd, len(ins)) if make is not None else {}
-        nodes.append(Node(i, nid, op, _KIND[op], ins, attrs, shape))
+        nodes.append(Node(i, nid, op, _KIND[op], ins, _canonical_attrs(nd, len(ins)), shape))
+    return nodes
+
+
+def _canonical_attrs(nd, n: int) -> dict:
+    """A node's canonical attributes, given its number of inputs (an activation's are its function)."""
+    if nd.op == "dense":
+        return {"units": nd.units, "bias": nd.bias}
+    make = _ATTRS.get(nd.op)
+    return make(nd, n) if make is not None else {}
+
+
+def _no_function(nid: str) -> SigpropError:
+    return _invalid(f"activation node '{nid}' names no function", "set 'fn' on the node or 'activation' on the request")
+
+
+def _template_chain_nodes(ids: list[str], models: list, default_activation) -> list[Node]:
+    """``_canonical_nodes`` of a template's chain (``TemplateNodes.chain``: node i reads node i - 1,
+    all valid), from each node's id and the validated node its fields come from. Nodes made from
+    one model share its kind and attributes (nothing mutates them), and its shape for an equal
+    input shape: a few hundred nanoseconds a node, not a wire node and a canonical node."""
+    nodes: list[Node] = []
+    made: dict[int, tuple[str, str, dict]] = {}  # id(model) -> (op, kind, attrs)
+    shapes: dict[tuple, tuple[int, ...]] = {}  # (id(model), input shape) -> shape
+    shape: tuple[int, ...] = ()
+    for i, (nid, model) in enumerate(zip(ids, models, strict=True)):
+        found = made.get(id(model))
+        if found is None:
+            op = model.op
+            if op == "activation":
+                fn = model.fn or default_activation
+                if fn is None:
+                    raise _no_function(nid)
+                found = (op, ACT, {"fn": fn})
+            else:
+                found = (op, _KIND[op], _canonical_attrs(model, 1 if i else 0))
+            made[id(model)] = found
+        op, kind, attrs = found
+        if kind != ACT:  # an activation keeps its input's shape
+            key = (id(model), shape)
+            out = shapes.get(key)
+            if out is None:
+                out = shapes[key] = node_shape(model, [shape] if i else [])
+            shape = out
+        nodes.append(Node(i, nid, op, kind, (i - 1,) if i else (), attrs, shape))
     return nodes
 
 

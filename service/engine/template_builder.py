@@ -76,15 +76,46 @@ class _WireNode:
 _WIRE_TYPES: dict[type, type] = {}
 
 
-class TemplateNodes(NamedTuple):
+class TemplateNodes:
     """A template's nodes as the graph engine reads them (``build_graph`` takes it for a graph).
 
-    ``chain``: every node after the first reads the node listed before it and the last is the
-    output, as the builder made them: unique ids, one output, all live, listed in canonical order,
-    so ``build_graph`` can skip the checks and the walk that establish that for a user's graph."""
+    ``ids`` and ``models`` give each node's id and the validated node its fields come from (one
+    model per builder key, see ``_Builder.engine_nodes``); ``nodes`` are the wire nodes
+    themselves, made on first use. ``chain``: every node after the first reads the node listed
+    before it and the last is the output, as the builder made them: unique ids, one output, all
+    live, listed in canonical order, so ``build_graph`` makes the canonical nodes straight from
+    ``ids`` and ``models`` without the checks and the walk that establish that for a user's graph.
+    """
 
-    nodes: list
-    chain: bool = False
+    __slots__ = ("ids", "models", "chain", "_raw", "_nodes")
+
+    def __init__(self, raw: list, ids: list[str], models: list, chain: bool = False):
+        self._raw, self.ids, self.models, self.chain = raw, ids, models, chain
+        self._nodes: list | None = None
+
+    @classmethod
+    def of(cls, nodes: list) -> TemplateNodes:
+        """Validated wire nodes as they are (the fallback that reports a schema error)."""
+        made = cls(None, [nd.id for nd in nodes], nodes)
+        made._nodes = nodes
+        return made
+
+    @property
+    def nodes(self) -> list:
+        if self._nodes is None:
+            new, nodes = object.__new__, []
+            for raw, model in zip(self._raw, self.models, strict=True):
+                if model.id == raw["id"]:  # validated from this node itself
+                    nodes.append(model)
+                    continue
+                fields = model.__dict__.copy()
+                fields["id"] = raw["id"]
+                fields["inputs"] = raw["inputs"]
+                wire = new(_wire_type(type(model)))
+                wire.__dict__ = fields
+                nodes.append(wire)
+            self._nodes = nodes
+        return self._nodes
 
 
 def _wire_type(model: type) -> type:
@@ -128,40 +159,32 @@ class _Builder:
 
         The ids are validated all at once, and one node per key: the schema checks each field on
         its own, so a node that differs only in its (valid) id and inputs validates to the same
-        fields. Those nodes are ``_WireNode``s with these fields; the others the validated models.
+        fields. ``TemplateNodes.nodes`` are then ``_WireNode``s with these fields (or the
+        validated models of the nodes without a key).
         """
         try:
             ids = [node["id"] for node in self.nodes]
             _IDS.validate_python(ids)
-            nodes: list = []
-            protos: dict[tuple, tuple[type, dict]] = {}
-            new = object.__new__
+            models: list = []
+            protos: dict[tuple, object] = {}
             # a chain: the input alone has no key (sums and concats have none), and every keyed
             # node (one input) reads the node before it
             chain, last = True, None
             for node, key in zip(self.nodes, self.keys, strict=True):
-                proto = protos.get(key)  # None for a node without a key: those are not stored
-                if proto is None:
-                    validated = _NODE.validate_python(node)
-                    if key is None:
-                        chain = chain and last is None
-                        last = node["id"]
-                        nodes.append(validated)
-                        continue
-                    proto = protos[key] = (_wire_type(type(validated)), validated.__dict__)
-                wire_type, fields = proto
-                fields = fields.copy()
-                fields["id"] = nid = node["id"]
-                fields["inputs"] = ins = node["inputs"]
-                if ins[0] != last:
-                    chain = False
-                last = nid
-                wire = new(wire_type)
-                wire.__dict__ = fields
-                nodes.append(wire)
+                if key is None:
+                    model = _NODE.validate_python(node)
+                    chain = chain and last is None
+                else:
+                    model = protos.get(key)
+                    if model is None:
+                        model = protos[key] = _NODE.validate_python(node)
+                    if node["inputs"][0] != last:
+                        chain = False
+                last = node["id"]
+                models.append(model)
         except ValidationError:
             return None
-        return TemplateNodes(nodes, chain and nodes[-1].op == "output")
+        return TemplateNodes(self.nodes, ids, models, chain and self.nodes[-1]["op"] == "output")
 
     def _too_small(self, nid: str) -> SigpropError:
         first = self.nodes[0]["shape"]

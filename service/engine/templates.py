@@ -567,7 +567,7 @@ def expand_template_nodes(t: Template, *, max_nodes: int | None = None) -> Templ
     found = builder.engine_nodes()
     if found is None:
         try:
-            return TemplateNodes(builder.graph().nodes)  # raises the schema's error
+            return TemplateNodes.of(builder.graph().nodes)  # raises the schema's error
         except ValidationError as exc:
             raise _invalid_expansion(t, exc) from None
     return found
