@@ -330,6 +330,11 @@ def sigprop_once(case: Case):
 def time_sigprop(case: Case, repeats: int, warmup: bool):
     if warmup:
         sigprop_once(case)
+    # a solver process holds only sigprop's own objects, frozen after its warm-up; what the dks
+    # runs before this one left alive is frozen too, so the collector's passes scan what they would
+    # in the service, not the reference's heap
+    gc.collect()
+    gc.freeze()
     runs, sol = [], None
     for _ in range(repeats):
         t, sol = sigprop_once(case)
