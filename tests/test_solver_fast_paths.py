@@ -269,7 +269,14 @@ def test_two_buffer_chain_map_equals_the_layer_by_layer_map():
 
 @pytest.mark.parametrize(
     "name, params",
-    [("swish", dict(input_scale=1.1, input_shift=0.2, output_scale=1.3)), ("tanh", {}), ("relu", {})],
+    [
+        ("swish", dict(input_scale=1.1, input_shift=0.2, output_scale=1.3)),
+        ("tanh", {}),
+        ("relu", {}),
+        # DKS's solved swish and TAT's softplus on MLP-100: near-linear, short series
+        ("swish", dict(input_scale=0.1294936, input_shift=0.3494754, output_scale=11.50455, output_shift=-0.2088933)),
+        ("softplus", dict(input_scale=0.1779, input_shift=-0.5, output_scale=8.0, output_shift=-0.474)),
+    ],
 )
 def test_hermite_map_evaluation_equals_horner(name, params):
     table = HermiteCMap(get_activation(name), **params)
@@ -279,10 +286,19 @@ def test_hermite_map_evaluation_equals_horner(name, params):
     np.testing.assert_allclose(table(c[:7]), horner[:7], rtol=0, atol=9e-16)  # another sample size
     np.testing.assert_allclose(table(c), horner, rtol=0, atol=9e-16)  # its buffer reused
     layered = c
-    for _ in range(50):
+    for k in range(1, 51):
         layered = table(layered)
-    np.testing.assert_array_equal(table.iterate(c, 50), layered)  # a chain's global map
+        if k == 7:  # below qc_maps._COMPOSE_FROM: layer by layer, the same numbers
+            np.testing.assert_array_equal(table.iterate(c, 7), layered)
+    if len(table.coefficients) > qc_maps._COMPOSE_TERMS:  # a long series: layer by layer
+        np.testing.assert_array_equal(table.iterate(c, 50), layered)
+        return
+    # a chain's global map through C^4: the same map to rounding
+    np.testing.assert_allclose(table.iterate(c, 50), layered, rtol=0, atol=2e-14)
     np.testing.assert_array_equal(table.iterate(c, 0), c)
+    square = qc_maps.self_composed(table.coefficients)
+    assert (square >= 0).all() and square.sum() == pytest.approx(1.0, abs=1e-15)
+    np.testing.assert_allclose(np.polynomial.polynomial.polyval(c, square), table(table(c)), rtol=0, atol=1e-15)
 
 
 def test_repeated_points_are_evaluated_once(monkeypatch):
@@ -330,3 +346,26 @@ def test_chain_slope_power_overflows_to_inf_as_the_pass_does():
     chain, general = compile_subnetworks(g), subnetworks._general_program(g, {"tanh": 0})
     assert deep_kernel_shaping.max_slope(chain, 2.0) == deep_kernel_shaping.max_slope(general, 2.0) == np.inf
     assert deep_kernel_shaping.local_slope_target(chain, 1.5) == pytest.approx(1.5 ** (1 / 2000), rel=1e-15)
+
+
+def test_composed_global_map_is_as_accurate_as_layer_by_layer():
+    """DKS's solved swish on 100 layers: the C^4 route and the layer-by-layer route, each against
+    the same polynomial iterated in extended precision."""
+    table = HermiteCMap(
+        get_activation("swish"),
+        input_scale=0.1294936,
+        input_shift=0.3494754,
+        output_scale=11.50455,
+        output_shift=-0.2088933,
+    )
+    c = np.append(np.linspace(-1.0, 1.0, 33), 0.0)
+    exact = c.astype(np.longdouble)
+    coef = table.coefficients.astype(np.longdouble)
+    layered = c
+    for _ in range(100):
+        exact = np.polynomial.polynomial.polyval(exact, coef)
+        layered = table(layered)
+    composed = table.iterate(c, 100)
+    err_composed = float(np.max(np.abs(composed - exact)))
+    err_layered = float(np.max(np.abs(layered - exact)))
+    assert err_composed <= max(2.0 * err_layered, 1e-14)

@@ -398,22 +398,62 @@ class HermiteCMap:
         return out
 
     def iterate(self, c: np.ndarray, layers: int) -> np.ndarray:
-        """C applied ``layers`` times to a 1-D array (a chain's global C map): ``__call__``'s four
-        numpy calls a layer without its per-call checks and lookups."""
+        """C applied ``layers`` times to a 1-D array (a chain's global C map).
+
+        A deep chain with a short series runs through C∘C∘C∘C (``self_composed`` twice: about as
+        many terms as C, its coefficients exact up to rounding) a quarter as many times: a layer of the
+        sample costs four numpy calls whatever the number of terms, and the two compositions cost
+        less than the three quarters of the layers they save. Within a few 1e-15 of the layer by
+        layer map (the tests), as close to the exact composition of the coefficients as it."""
         coef = self.coefficients
         c = np.array(c, dtype=float)
         if len(coef) == 1 or c.ndim != 1:
             for _ in range(layers):
                 c = self(c)
             return c
-        powers = np.empty((len(coef) - 1, len(c)))
-        accumulate, rising, const = np.multiply.accumulate, self._rising, coef[0]
-        for _ in range(layers):
-            powers[:] = c
-            accumulate(powers, 0, None, powers)
-            c = rising @ powers
-            c += const
+        if layers >= _COMPOSE_FROM and len(coef) <= _COMPOSE_TERMS:
+            c = _apply_polynomial(self_composed(self_composed(coef)), c, layers // 4)
+            layers %= 4
+        return _apply_polynomial(coef, c, layers)
+
+
+# A chain's global map runs through C^4 from this many layers, when C has at most this many terms:
+# a near-linear phi_hat (DKS, TAT: C'(1) = zeta^(1/L) or 1), whose C^4 is about as short as C. A
+# long series (a far from linear phi_hat) composes into a long one whose rounding the next layers
+# amplify; it is run layer by layer.
+_COMPOSE_FROM = 16
+_COMPOSE_TERMS = 24
+
+
+def self_composed(coef: np.ndarray) -> np.ndarray:
+    """The coefficients of C∘C for C(c) = sum_k coef[k] c^k with non-negative coefficients summing
+    to 1 (a ``HermiteCMap``'s): sum_k coef[k] C^k, the powers by convolution. Sums and products of
+    non-negative numbers only, so each coefficient is exact to a few rounding errors; the tail is
+    folded as ``_trimmed`` folds a series (C∘C(1) = 1 is kept)."""
+    out = np.zeros((len(coef) - 1) ** 2 + 1)
+    out[0] = coef[0]
+    power = np.ones(1)
+    for k in range(1, len(coef)):
+        power = np.convolve(power, coef)
+        out[: len(power)] += coef[k] * power
+    return _trimmed(out, 0.0)
+
+
+def _apply_polynomial(coef: np.ndarray, c: np.ndarray, times: int) -> np.ndarray:
+    """sum_k coef[k] c^k applied ``times`` times to a 1-D array: the powers from one cumulative
+    product down a buffer holding c in every row, then one matrix-vector product."""
+    if times == 0:
         return c
+    if len(coef) == 1:
+        return np.full_like(c, coef[0])
+    powers = np.empty((len(coef) - 1, len(c)))
+    accumulate, rising, const = np.multiply.accumulate, np.ascontiguousarray(coef[1:]), coef[0]
+    for _ in range(times):
+        powers[:] = c
+        accumulate(powers, 0, None, powers)
+        c = rising @ powers
+        c += const
+    return c
 
 
 _SQRT = np.sqrt(np.arange(200.0))
