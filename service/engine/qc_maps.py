@@ -205,39 +205,37 @@ def rectifier_c_map(c, k):
     c = np.minimum(np.maximum(c, -1.0), 1.0)
     if np.ndim(c) == 0:
         return c + k * (np.sqrt(1.0 - c * c) - c * np.arccos(c))
-    out = c * c
-    np.subtract(1.0, out, out=out)
-    np.sqrt(out, out=out)
-    t = np.arccos(c)
-    t *= c
-    out -= t
-    out *= k
-    out += c
-    return out
+    return _rectifier_layer(c, k, np.empty_like(c), np.empty_like(c))
 
 
 def rectifier_chain_map(c: np.ndarray, k, layers: int) -> np.ndarray:
     """``rectifier_c_map`` applied ``layers`` times (a chain's global C map, TAT equation 9 per
-    layer), for k broadcast against c. Nine numpy calls a layer on about 70 values in an answer's
-    sample, where a call's overhead is most of its cost: so on flat arrays, in two buffers that
-    take turns, with the output passed by position (each saves a few percent of a layer)."""
+    layer), for k broadcast against c: on flat arrays, in two buffers that take turns (about 70
+    values in an answer's sample, where a numpy call's overhead is most of its cost)."""
     shape = np.shape(c)
     k = np.broadcast_to(k, shape).ravel()
     c = np.minimum(np.maximum(c, -1.0), 1.0).ravel()
     out, t = np.empty_like(c), np.empty_like(c)
-    mul, sub, add, sqrt, acos, low = np.multiply, np.subtract, np.add, np.sqrt, np.arccos, np.minimum
     for _ in range(layers):
-        mul(c, c, out)
-        sub(1.0, out, out)
-        sqrt(out, out)
-        acos(c, t)
-        mul(t, c, t)
-        sub(out, t, out)
-        mul(out, k, out)
-        add(out, c, out)
-        low(out, 1.0, out=out)  # C(c) <= 1, C(c) >= C(-1) > -1: only rounding can leave [-1, 1]
+        _rectifier_layer(c, k, out, t)
+        np.minimum(out, 1.0, out=out)  # C(c) <= 1, C(c) >= C(-1) > -1: only rounding can leave [-1, 1]
         c, out = out, c
     return c.reshape(shape)
+
+
+def _rectifier_layer(c: np.ndarray, k, out: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``out`` = c + k (sqrt(1 - c^2) - c arccos c) for c in [-1, 1], ``t`` scratch: eight numpy
+    calls, no allocation, the outputs passed by position (a few percent of a layer each)."""
+    mul, sub = np.multiply, np.subtract
+    mul(c, c, out)
+    sub(1.0, out, out)
+    np.sqrt(out, out)
+    np.arccos(c, t)
+    mul(t, c, t)
+    sub(out, t, out)
+    mul(out, k, out)
+    np.add(out, c, out)
+    return out
 
 
 def leaky_relu_stats(negative_slope: float, output_scale: float) -> LocalStats:
@@ -391,11 +389,7 @@ class HermiteCMap:
         powers = self._buffer.get(len(c))
         if powers is None:
             powers = self._buffer[len(c)] = np.empty((len(coef) - 1, len(c)))
-        powers[:] = c
-        np.multiply.accumulate(powers, axis=0, out=powers)
-        out = self._rising @ powers
-        out += coef[0]
-        return out
+        return _apply_polynomial(coef, c, 1, powers, self._rising)
 
     def iterate(self, c: np.ndarray, layers: int) -> np.ndarray:
         """C applied ``layers`` times to a 1-D array (a chain's global C map).
@@ -439,15 +433,21 @@ def self_composed(coef: np.ndarray) -> np.ndarray:
     return _trimmed(out, 0.0)
 
 
-def _apply_polynomial(coef: np.ndarray, c: np.ndarray, times: int) -> np.ndarray:
+def _apply_polynomial(
+    coef: np.ndarray, c: np.ndarray, times: int, powers: np.ndarray | None = None, rising: np.ndarray | None = None
+) -> np.ndarray:
     """sum_k coef[k] c^k applied ``times`` times to a 1-D array: the powers from one cumulative
-    product down a buffer holding c in every row, then one matrix-vector product."""
+    product down a buffer (``powers``, len(coef) - 1 rows) holding c in every row, then one
+    matrix-vector product with ``rising`` = coef[1:], contiguous."""
     if times == 0:
         return c
     if len(coef) == 1:
         return np.full_like(c, coef[0])
-    powers = np.empty((len(coef) - 1, len(c)))
-    accumulate, rising, const = np.multiply.accumulate, np.ascontiguousarray(coef[1:]), coef[0]
+    if powers is None:
+        powers = np.empty((len(coef) - 1, len(c)))
+    if rising is None:
+        rising = np.ascontiguousarray(coef[1:])
+    accumulate, const = np.multiply.accumulate, coef[0]
     for _ in range(times):
         powers[:] = c
         accumulate(powers, 0, None, powers)
@@ -456,9 +456,9 @@ def _apply_polynomial(coef: np.ndarray, c: np.ndarray, times: int) -> np.ndarray
     return c
 
 
-_SQRT = np.sqrt(np.arange(200.0))
-_INV_SQRT = 1.0 / np.where(_SQRT > 0, _SQRT, 1.0)
-_SQRT_F, _INV_SQRT_F = _SQRT.tolist(), _INV_SQRT.tolist()  # the recurrence's scalars, as Python floats
+# the Hermite recurrence's scalars sqrt(k) and 1 / sqrt(k), as Python floats
+_SQRT_F = [math.sqrt(k) for k in range(200)]
+_INV_SQRT_F = [1.0 / r if r > 0.0 else 1.0 for r in _SQRT_F]
 
 # Coefficients whose whole suffix sums to less than this are folded into one term: on [-1, 1] that
 # moves C(c) by at most twice the folded mass, far below double precision's 1e-16 on C(c) ~ 1.

@@ -86,23 +86,22 @@ def gaussian_rule(
     rule covers [-tail, tail].
     """
     inner = sorted({round(float(k), 15) for k in kinks if -tail < k < tail})
-    breaks = tuple([-tail] + inner + [tail])
-    fine = min(0.5, 0.75 / max(abs(scale), 1e-12))
-    fine = max(fine, 1e-9)
     if not inner:
-        # no bend given to refine towards: every panel must resolve f's scale, as the old uniform
-        # rule of width 0.5 did (wide panels only where f varies on a scale of 0.75 or more)
-        widest = max(0.5, min(widest, 1.5 / max(abs(scale), 1e-12)))
-    return _composite(breaks, round(fine, 15), widest)
+        return unaligned_rule(scale, widest, tail)
+    return _composite(tuple([-tail] + inner + [tail]), _finest(scale), widest)
 
 
-def unaligned_rule(scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """``gaussian_rule(scale=scale)`` (no kinks), with its parameters worked out directly: a root
-    search over a phi analytic in a wide strip asks for it at every step."""
-    a = max(abs(scale), 1e-12)
-    fine = max(min(0.5, 0.75 / a), 1e-9)
-    widest = max(0.5, min(MAX_PANEL, 1.5 / a))
-    return _composite((-TAIL, TAIL), round(fine, 15), widest)
+def unaligned_rule(scale: float, widest: float = MAX_PANEL, tail: float = TAIL) -> tuple[np.ndarray, np.ndarray]:
+    """``gaussian_rule`` with no bend to refine towards: every panel must resolve f's scale, as the
+    old uniform rule of width 0.5 did (wide panels only where f varies on a scale of 0.75 or more).
+    A root search over a phi analytic in a wide strip asks for it at every step, directly."""
+    widest = max(0.5, min(widest, 1.5 / max(abs(scale), 1e-12)))
+    return _composite((-tail, tail), _finest(scale), widest)
+
+
+def _finest(scale: float) -> float:
+    """The panel width next to a bend: about 1 / ``scale``, at most 0.5."""
+    return round(max(min(0.5, 0.75 / max(abs(scale), 1e-12)), 1e-9), 15)
 
 
 def clear_cache() -> None:

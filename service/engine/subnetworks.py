@@ -58,11 +58,9 @@ class SubnetworkProgram:
     # an endpoint, so a pass is a running value with no table of node values
     chain: bool = False
     # a chain's activation slots in order, and whether an endpoint before the first of them (an
-    # affine layer) keeps the input's value: the distinct values of a chain's endpoints, which
-    # are those of the nodes ``chain_ends`` (the first such endpoint, then the activations)
+    # affine layer) keeps the input's value: what a pass over a chain needs
     chain_slots: tuple[int, ...] = ()
     chain_keeps_input: bool = False
-    chain_ends: tuple[int, ...] = ()
 
     @property
     def groups(self) -> tuple[_Group, ...]:
@@ -113,13 +111,6 @@ class SubnetworkProgram:
 
     def argmax(self, x: float, r: LocalMap) -> str:
         """A readable name of the subnetwork that attains M_{f,r}(x)."""
-        if self.chain:  # every subnetwork starts at the input; the whole network's value is the last
-            found = self.candidate_values(x, r)
-            best, name = float(found[-1]), "the whole network"
-            for t, v in zip(self.chain_ends, found, strict=True):
-                if v > best * (1 + 1e-12) + 1e-15:
-                    best, name = v, f"from the input to {self.user_ids[t]!r}"
-            return name
         whole = self._run(self.groups[0], x, r)  # group 0 is the whole network's: U_{f,r}(x) too
         best, name = float(whole[self.output]), "the whole network"
         for i, g in enumerate(self.groups):
@@ -380,7 +371,6 @@ def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkPr
         chain=True,
         chain_slots=slots,
         chain_keeps_input=keeps_input,
-        chain_ends=((1,) if keeps_input else ()) + tuple(acts),
     )
 
 

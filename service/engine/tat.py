@@ -78,12 +78,14 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
         return 0.0
     if eta == 0.0:
         return 1.0
+
     # mu_f^0 is decreasing in a: the root of eta - mu_f^0(a) on [0, 1], with f(0) < 0 known
-    if program.chain:
-        layers = len(program.chain_slots)
-        residual = lambda a: (lambda v, d: (eta - v, -d))(*_chain_mu0(layers, a))  # noqa: E731
-    else:
-        residual = lambda a: complex_step(lambda z: eta - _mu0_complex(program, z), a)  # noqa: E731
+    def residual(a: float) -> tuple[float, float]:
+        if program.chain:
+            value, slope = _chain_mu0(len(program.chain_slots), a)
+            return eta - value, -slope
+        return complex_step(lambda z: eta - _mu0_complex(program, z), a)
+
     return newton_bracketed(
         residual,
         0.0,

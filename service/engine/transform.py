@@ -145,10 +145,10 @@ class _NearLinear:
     with the residuals divided by t, every unknown and every residual is O(1) at the root.
     """
 
-    def __init__(self, act: Activation, names: tuple[str, ...], c_0: float | None, targets, scale: float):
-        self.act, self.names, self.c_0, self.targets, self.t = act, names, c_0, targets, scale
+    def __init__(self, conditions: _LastPoint, names: tuple[str, ...], scale: float):
+        self.conditions, self.names, self.t = conditions, names, scale
+        self.act, self.c_0 = conditions.act, conditions.c_0
         self.root_t = float(np.sqrt(scale))
-        self.conditions = _LastPoint(act, c_0, targets)
 
     def to_reference(self, u) -> np.ndarray:
         alpha, beta = u[0] * self.root_t, u[1]
@@ -200,8 +200,9 @@ def solve_transform(
     )
     targets = (q_slope_1, c_slope_1, c_curv_1)
     deviation = c_curv_1 if c_curv_1 is not None else abs(c_slope_1 - 1.0)
-    near = _NearLinear(act, names, c_0, targets, min(max(deviation, 1e-300), 1.0))
-    reference = _reference_residuals(near.conditions, len(names))  # one memory of the last point
+    conditions = _LastPoint(act, c_0, targets)  # both searches' steps, and the last point they asked
+    near = _NearLinear(conditions, names, min(max(deviation, 1e-300), 1.0))
+    reference = _reference_residuals(conditions, len(names))
     evals = [0]
 
     def counted(fn):
