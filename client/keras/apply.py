@@ -112,10 +112,9 @@ def _activations(ext: Extraction, sol: Solution, solved: dict) -> dict[str, Tran
     return out
 
 
-def _sum_weights(e, wire: dict) -> list[float]:
-    n = len(e.model_weights)
-    w = wire.get("weights") or [1.0 / math.sqrt(n)] * n
-    return [float(x) for x in w]
+def _sum_weights(wire: dict) -> list[float]:
+    n = len(wire.get("inputs", []))
+    return [float(x) for x in (wire.get("weights") or [1.0 / math.sqrt(n)] * n)]
 
 
 def _refuse_multipliers(sol: Solution) -> None:
@@ -151,6 +150,7 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
             + ", ".join(sorted(set(solved) ^ set(ext.entries))[:10])
         )
     acts = _activations(ext, sol, solved)
+    ext_nodes = {nd["id"]: nd for nd in ext.graph["nodes"]}
     by_layer: dict[int, list] = {}  # id(layer) -> its entries
     for e in ext.entries.values():
         if e.layer is not None:
@@ -166,7 +166,7 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
             report.activations.append(f"{standalone.gid}: {type(layer).__name__} -> {new!r}")
             return keras.layers.Activation(new, name=layer.name)
         if plain is not None:
-            w = _sum_weights(plain, solved.get(plain.gid, {}))
+            w = _sum_weights(solved.get(plain.gid, ext_nodes[plain.gid]))
             report.sums.append(f"{plain.gid}: {type(layer).__name__} -> WeightedSum {[round(x, 6) for x in w]}")
             return WeightedSum(w, name=layer.name)
         config = layer.get_config()
@@ -178,11 +178,11 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
 
     for e in ext.entries.values():
         if e.op == "sum" and not e.plain:
-            want = _sum_weights(e, solved.get(e.gid, {}))
-            if any(abs(a - b) > 1e-6 for a, b in zip(want, e.model_weights, strict=False)):
+            want, has = _sum_weights(solved.get(e.gid, ext_nodes[e.gid])), _sum_weights(ext_nodes[e.gid])
+            if len(want) != len(has) or any(abs(a - b) > 1e-6 for a, b in zip(want, has, strict=False)):
                 report.warnings.append(
-                    f"sum '{e.gid}': the model scales its inputs as {e.model_weights}, the solved graph weights "
-                    f"them {want}; left as the model computes it"
+                    f"sum '{e.gid}': the model's scalings weight its inputs {has}, the solved graph {want}; left "
+                    "as the model computes it"
                 )
     new_model = keras.models.clone_model(model, clone_function=clone)
     _copy_weights(model, new_model)

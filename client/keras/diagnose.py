@@ -89,7 +89,7 @@ def _run(ext, x) -> dict:
             out = op(*args, **kwargs)
         for t, v in zip(node.outputs, keras.tree.flatten(out), strict=True):
             values[id(t)] = v
-    return {gid: (pre[gid] if gid in pre else values[e.tensor]) for gid, e in ext.entries.items()}
+    return {gid: (pre[gid] if gid in pre else e.scale * values[e.tensor]) for gid, e in ext.entries.items()}
 
 
 def diagnose(model, solution, example_input, *, input_c: float = 0.5, same_locations: bool = False, seed: int = 0):

@@ -22,6 +22,7 @@ from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
+from ..scaled_sums import ScaledSums
 from .layers import WeightedSum, activation_of
 
 __all__ = ["graph_from_keras", "extract", "Entry", "Extraction"]
@@ -67,7 +68,7 @@ class Entry:
     fn: str | None = None  # activation: the model's own function
     fn_params: dict = field(default_factory=dict)
     plain: bool = False  # sum: the model adds without weights (apply makes it the normalized sum)
-    model_weights: list[float] | None = None  # sum: the weights the model itself computes
+    scale: float = 1.0  # the node's value is ``scale`` times the tensor's (a scaled sum no op reads scaled)
 
 
 @dataclass
@@ -216,7 +217,7 @@ class _Walker:
         self.entries: dict[str, Entry] = {}
         self.used: set[str] = set()
         self.calls: dict[int, int] = {}
-        self.sum_factor: dict[str, float] = {}  # sum id -> the factor its consumers read it with
+        self.sums = ScaledSums()
         self.notes: list[str] = []
         self.order: list = []
 
@@ -229,32 +230,13 @@ class _Walker:
         return gid
 
     def read(self, v: _Val, reader: str) -> str:
-        """The graph id a non-scaling op reads; folds a pending factor into the sum it scales."""
-        if v.factor == 1.0 and v.gid not in self.sum_factor:
-            return v.gid
-        e = self.entries[v.gid]
-        if e.op == "sum":
-            seen = self.sum_factor.get(v.gid)
-            if seen is None:
-                self.sum_factor[v.gid] = v.factor
-                if v.factor != 1.0:
-                    node = next(nd for nd in self.nodes if nd["id"] == v.gid)
-                    e.model_weights = [w * v.factor for w in e.model_weights]
-                    e.plain = False
-                    e.tensor = v.via
-                    node["weights"] = list(e.model_weights)
-                return v.gid
-            if abs(seen - v.factor) > 1e-12 * max(1.0, abs(seen)):
-                raise SigpropError(
-                    "unsupported_op",
-                    f"the sum '{v.gid}' is read scaled by {seen:g} in one place and by {v.factor:g} in another "
-                    f"({reader})",
-                    "scale a sum's output once, right after it",
-                )
+        """The graph id an op other than a sum reads; a sum's output scale comes from such reads."""
+        if self.sums.is_sum(v.gid):
+            self.sums.read(v.gid, v.factor, reader, v.via)
             return v.gid
         if v.factor == 1.0:
             return v.gid
-        if e.op == "input":
+        if self.entries[v.gid].op == "input":
             self.notes.append(
                 f"the input '{v.gid}' is scaled by {v.factor:g} before {reader}: the kernel analysis assumes the "
                 "network input has q = 1 per example after it; scale your data accordingly"
@@ -267,13 +249,14 @@ class _Walker:
             "into an Add",
         )
 
-    def emit(self, gid: str, op: str, inputs: list[str], entry: Entry, **attrs) -> None:
+    def emit(self, gid: str, op: str, inputs: list[str], entry: Entry, **attrs) -> dict:
         wire = {"id": gid, "op": op}
         if op != "input":
             wire["inputs"] = inputs
         wire.update(attrs)
         self.nodes.append(wire)
         self.entries[gid] = entry
+        return wire
 
     def run(self) -> dict:
         for depth in sorted(self.fm._nodes_by_depth, reverse=True):
@@ -293,6 +276,12 @@ class _Walker:
         gid = self.new_id("output")
         src = self.read(v, "the output")
         self.emit(gid, "output", [src], Entry(gid, "output", None, "output", tensor=id(outs[0])))
+        self.sums.finalize()
+        for sid, info in self.sums.sums.items():
+            e = self.entries[sid]
+            e.plain, e.scale = info.plain and not isinstance(e.layer, WeightedSum), info.scale
+            if info.tensor is not None:
+                e.tensor, e.scale = info.tensor, 1.0
         return {"schema": "sigprop.graph/v1", "nodes": self.nodes}
 
     def visit(self, node) -> None:
@@ -437,14 +426,9 @@ class _Walker:
             coef = op._weights_for(len(vs))
             vs = [_Val(v.gid, v.factor * c, v.via) for v, c in zip(vs, coef, strict=True)]
         gid = self.new_id(name)
-        # a scaled input's factor is the sum's weight, not a scaling of the node it reads
-        srcs = [self.read(_Val(v.gid), _describe(op)) for v in vs]
-        factors = [v.factor for v in vs]
-        plain = all(f == 1.0 for f in factors) and not isinstance(op, WeightedSum)
-        weights = [1.0 / math.sqrt(len(vs))] * len(vs) if plain else factors
         t = node.outputs[0]
-        entry = Entry(gid, "sum", op, "sum", tensor=id(t), plain=plain, model_weights=list(factors))
-        self.emit(gid, "sum", srcs, entry, weights=weights)
+        wire = self.emit(gid, "sum", [v.gid for v in vs], Entry(gid, "sum", op, "sum", tensor=id(t)))
+        self.sums.add(wire, [v.gid for v in vs], [v.factor for v in vs])  # weights: ScaledSums.finalize
         self.vals[id(t)] = _Val(gid)
 
     def scale(self, node, op) -> None:
