@@ -33,7 +33,7 @@ MODELS = 8
 
 def preact_resnet(c: int = 32, blocks: int = 2, hw: int = 6, plain: bool = False) -> keras.Model:
     """Pre-activation blocks x -> 0.8 x + 0.6 conv(relu(conv(relu(x)))) (``plain``: Add() of the two)."""
-    inp = keras.Input((hw, hw, 3), name="x")
+    inp = keras.Input((hw, hw, 3))
     x = layers.Conv2D(c, 3, padding="same", name="stem")(inp)
     for b in range(blocks):
         h = layers.ReLU(name=f"b{b}_a1")(x)
@@ -92,12 +92,12 @@ def test_functional_preactivation_resnet_graph_apply_and_monte_carlo():
         "input": 1, "conv": 5, "activation": 5, "sum": 2, "global_avg_pool": 1, "dense": 1, "output": 1
     }  # fmt: skip
     nodes = {nd["id"]: nd for nd in graph["nodes"]}
-    assert nodes["x"]["shape"] == [3, 6, 6]  # channels last -> the contract's [C, H, W]
+    assert graph["nodes"][0]["shape"] == [3, 6, 6]  # channels last -> the contract's [C, H, W]
     assert nodes["b0_add"]["inputs"] == ["stem", "b0_c2"] and nodes["b0_add"]["weights"] == [0.8, 0.6]
     assert nodes["b1_a1"]["inputs"] == ["b0_add"]  # the shortcut reads the sum, unscaled
     assert nodes["stem"] == {
-        "id": "stem", "op": "conv", "inputs": ["x"], "channels": 32, "kernel": [3, 3], "stride": [1, 1],
-        "padding": "same", "bias": True,
+        "id": "stem", "op": "conv", "inputs": [graph["nodes"][0]["id"]], "channels": 32, "kernel": [3, 3],
+        "stride": [1, 1], "padding": "same", "bias": True,
     }  # fmt: skip
     sol = _solve(graph, eta=0.3)
     x = np.random.default_rng(0).standard_normal((8, 6, 6, 3)).astype("float32")
@@ -106,6 +106,8 @@ def test_functional_preactivation_resnet_graph_apply_and_monte_carlo():
         report = apply(model, sol, seed=seed)
         assert report.complete and len(report.layers) == 6 and len(report.activations) == 5, report.summary()
         assert report.sums == []  # the model already computes 0.8 x + 0.6 h: left alone
+        if seed == 0:
+            assert graph_from_keras(report.model) == graph  # the clone has the same ids
         runs.append(diagnose(report.model, sol, x, input_c=0.0, same_locations=True, seed=seed))
         if seed < 3:
             before.append(diagnose(model, sol, x, input_c=0.0, same_locations=True, seed=seed))
@@ -127,7 +129,7 @@ def test_sequential_cnn_fused_activations_plain_adds_and_monte_carlo():
         warnings.simplefilter("error")  # a Sequential with one function: no warning
         graph = graph_from_keras(model)
     ids = [nd["id"] for nd in graph["nodes"]]
-    assert ids[:3] == ["input_layer", "c1", "c1/activation"] and "pool" in ids and "drop" in ids
+    assert ids[1:3] == ["c1", "c1/activation"] and "pool" in ids and "drop" in ids
     nodes = {nd["id"]: nd for nd in graph["nodes"]}
     assert nodes["pool"] == {
         "id": "pool", "op": "max_pool", "inputs": ["c1/activation"], "kernel": [2, 2], "stride": [2, 2]

@@ -184,7 +184,12 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
                     f"sum '{e.gid}': the model's scalings weight its inputs {has}, the solved graph {want}; left "
                     "as the model computes it"
                 )
-    new_model = keras.models.clone_model(model, clone_function=clone)
+    kwargs = {}
+    if not isinstance(model, keras.Sequential):  # keep the input's name, so the clone's graph has the same ids
+        t = model.inputs[0]
+        new_input = keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t._keras_history[0].name)
+        kwargs["input_tensors"] = [new_input] if isinstance(model.input, (list, tuple)) else new_input
+    new_model = keras.models.clone_model(model, clone_function=clone, **kwargs)
     _copy_weights(model, new_model)
     _init_layers(ext, sol, new_model, report, np.random.default_rng(seed))
     report.model = new_model
