@@ -11,9 +11,10 @@ node computes; this module turns the factors into the graph's sums once every re
 * the factor ``g`` the other ops (activations, layers, the output) read the sum with is its output
   scale: the graph's weights are ``g r_i`` and ``rho(sum) = g``. Without such readers ``g`` is the one
   that makes the weights a normalized sum (only other sums read it);
-* an add with ``r_i = 1`` that everything reads unscaled is a *plain* add: the graph gives it the
-  equal weights ``1/sqrt(n)``, which the adapters' ``apply`` makes it compute (``graph_from_module``'s
-  convention), so ``rho = 1``.
+* an add with ``r_i = 1`` that some op reads unscaled (and all read so) is a *plain* add: the graph
+  gives it the equal weights ``1/sqrt(n)``, which the adapters' ``apply`` makes it compute
+  (``graph_from_module``'s convention), so ``rho = 1``. One that only sums read is not: in
+  ``0.8 * (a + b) / sqrt(2) + 0.6 * h`` the inner sum is ``(a + b) / sqrt(2)``, the outer ``[0.8, 0.6]``.
 
 Weights that do not come out normalized are left so: the graph's shape rules then say which sum and
 what normalized weights would be.
@@ -75,7 +76,7 @@ class ScaledSums:
                     "scale a sum's output once, right after it",
                 )
             one = all(abs(x - 1.0) < 1e-12 for x in r)
-            if one and (not scales or abs(scales[0] - 1.0) < 1e-12):
+            if one and scales and abs(scales[0] - 1.0) < 1e-12:
                 s.plain, s.scale = True, 1.0
                 s.node["weights"] = [1.0 / math.sqrt(len(r))] * len(r)
             else:

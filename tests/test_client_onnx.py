@@ -251,6 +251,25 @@ def test_unnormalized_sum_weights_and_bad_inputs_are_refused():
         graph_from_onnx(42)
 
 
+def test_a_sum_only_sums_read_takes_its_normalization_from_the_scaling():
+    """0.8 * (a + b) / sqrt(2) + 0.6 * h: the inner sum is (a + b) / sqrt(2), the outer weights [0.8, 0.6]."""
+    nodes = [
+        helper.make_node("Gemm", ["x", "w"], ["a"], name="fa", transB=1),
+        helper.make_node("Relu", ["a"], ["ra"], name="act"),
+        helper.make_node("Gemm", ["ra", "w"], ["b"], name="fb", transB=1),
+        helper.make_node("Add", ["a", "b"], ["s"], name="inner"),
+        helper.make_node("Mul", ["s", "k"], ["sk"], name="scale"),  # k = 0.8 / sqrt(2)
+        helper.make_node("Relu", ["b"], ["rb"], name="act2"),
+        helper.make_node("Gemm", ["rb", "w"], ["h"], name="fh", transB=1),
+        helper.make_node("Mul", ["h", "k6"], ["h6"], name="scale6"),
+        helper.make_node("Add", ["sk", "h6"], ["y"], name="outer"),
+    ]
+    inits = [_init("w", np.ones((4, 4))), _init("k", 0.8 / math.sqrt(2)), _init("k6", 0.6)]
+    graph, _ = graph_from_onnx(_model(nodes, inits, [2, 4], [2, 4]), assumptions="warn")
+    weights = {nd["id"]: nd["weights"] for nd in graph["nodes"] if nd["op"] == "sum"}
+    assert weights["inner"] == pytest.approx([2**-0.5] * 2) and weights["outer"] == pytest.approx([0.8, 0.6])
+
+
 def test_import_without_onnx_says_how_to_install():
     code = (
         "import sys; sys.modules['onnx'] = None\n"
