@@ -171,6 +171,47 @@ def test_plain_add_becomes_the_normalized_sum_and_the_clone_saves(tmp_path):
     )  # seeded
 
 
+def test_nested_sequential_blocks_inline_with_prefixed_ids():
+    """Residual branches written as nested Sequential models: the same graph (request key) as the flat
+    ResNet, ids '<block>/<layer>', and apply + diagnose reach the inner layers."""
+    from sigprop.engine.solve import prepare
+
+    def branch(b: int) -> keras.Sequential:
+        return keras.Sequential(
+            [
+                layers.ReLU(name=f"n{b}_a1"),
+                layers.Conv2D(32, 3, padding="same", name=f"n{b}_c1"),
+                layers.ReLU(name=f"n{b}_a2"),
+                layers.Conv2D(32, 3, padding="same", name=f"n{b}_c2"),
+            ],
+            name=f"branch{b}",
+        )
+
+    inp = keras.Input((6, 6, 3))
+    x = layers.Conv2D(32, 3, padding="same", name="n_stem")(inp)
+    for b in range(2):
+        x = layers.Add(name=f"n{b}_add")([layers.Rescaling(0.8)(x), layers.Rescaling(0.6)(branch(b)(x))])
+    x = layers.GlobalAveragePooling2D()(layers.ReLU()(x))
+    model = keras.Model(inp, layers.Dense(10)(x))
+    graph = graph_from_keras(model)
+    ids = [nd["id"] for nd in graph["nodes"]]
+    assert "branch0/n0_c1" in ids and "branch1/n1_a2" in ids
+
+    def key(g):
+        return prepare(SolveRequest(graph=g, method="tat", activation="leaky_relu", targets={"eta": 0.3})).key
+
+    assert key(graph) == key(graph_from_keras(preact_resnet()))
+    sol = _solve(graph, eta=0.3)
+    x = np.random.default_rng(0).standard_normal((8, 6, 6, 3)).astype("float32")
+    runs = []
+    for seed in range(MODELS):
+        report = apply(model, sol, seed=seed)
+        assert report.complete and len(report.layers) == 6 and len(report.activations) == 5, report.summary()
+        runs.append(diagnose(report.model, sol, x, input_c=0.0, same_locations=True, seed=seed))
+    assert graph_from_keras(report.model) == graph
+    assert max(_mc_check(runs)) < 1
+
+
 @pytest.mark.parametrize(
     "build, match",
     [

@@ -189,7 +189,7 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
         t = model.inputs[0]
         new_input = keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t._keras_history[0].name)
         kwargs["input_tensors"] = [new_input] if isinstance(model.input, (list, tuple)) else new_input
-    new_model = keras.models.clone_model(model, clone_function=clone, **kwargs)
+    new_model = keras.models.clone_model(model, clone_function=clone, recursive=True, **kwargs)
     _copy_weights(model, new_model)
     _init_layers(ext, sol, new_model, report, np.random.default_rng(seed))
     report.model = new_model
@@ -200,16 +200,21 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
     return report
 
 
+def _layers(model) -> list:
+    """Every layer of ``model``, those of nested models included."""
+    return [x for x in model._flatten_layers(include_self=False, recursive=True) if not isinstance(x, keras.Model)]
+
+
 def _copy_weights(model, new_model) -> None:
-    old = {layer.name: layer for layer in model.layers}
-    for layer in new_model.layers:
+    old = {layer.name: layer for layer in _layers(model)}
+    for layer in _layers(new_model):
         src = old.get(layer.name)
         if src is not None and src.weights and len(src.weights) == len(layer.weights):
             layer.set_weights(src.get_weights())
 
 
 def _init_layers(ext: Extraction, sol: Solution, new_model, report: ApplyReport, rng) -> None:
-    layers = {layer.name: layer for layer in new_model.layers}
+    layers = {layer.name: layer for layer in _layers(new_model)}
     done: set[str] = set()
     for lay in sol.layers:
         e = ext.entries.get(lay.id)
@@ -241,7 +246,7 @@ def _init_layers(ext: Extraction, sol: Solution, new_model, report: ApplyReport,
             b = "zeros"
         done.add(target.name)
         report.layers.append(f"{lay.id}: {lay.distribution}, gain {lay.gain:.6g}, bias {b}")
-    for layer in new_model.layers:
+    for layer in _layers(new_model):
         if getattr(layer, "kernel", None) is not None and layer.name not in done:
             report.uninitialized.append(f"{layer.name} ({type(layer).__name__}): a kernel the answer does not list")
     if report.uninitialized:

@@ -70,7 +70,11 @@ def _run(ext, x) -> dict:
     values = {id(fm.inputs[0]): keras.ops.convert_to_tensor(x)}
     pre = {}  # graph id of a fused layer's dense/conv node -> its pre-activation
     layer_of = {id(e.layer): e for e in ext.entries.values() if e.kind == "layer" and e.tensor is None}
-    for node in ext.order:
+    for kind, *rest in ext.order:
+        if kind == "bind":  # a nested model's input or output: the same value under another tensor
+            values[rest[0]] = values[rest[1]]
+            continue
+        node = rest[0]
         op = node.operation
         if node.is_input:
             continue

@@ -76,7 +76,7 @@ class Extraction:
     model: object  # the Functional graph walked (a Sequential's inner Functional)
     graph: dict
     entries: dict  # graph id -> Entry
-    order: list  # Keras nodes in the order they run
+    order: list  # ("node", Keras node) in the order they run, and ("bind", dst, src) tensor aliases
     warnings: list[str]
 
 
@@ -219,7 +219,8 @@ class _Walker:
         self.calls: dict[int, int] = {}
         self.sums = ScaledSums()
         self.notes: list[str] = []
-        self.order: list = []
+        self.order: list = []  # ("node", Keras node) to run, or ("bind", tensor id, tensor id) to alias
+        self.prefix = ""  # "<model>/" inside a nested model
 
     def new_id(self, raw: str) -> str:
         base = _clean_id(raw)
@@ -258,11 +259,33 @@ class _Walker:
         self.entries[gid] = entry
         return wire
 
-    def run(self) -> dict:
-        for depth in sorted(self.fm._nodes_by_depth, reverse=True):
-            for node in self.fm._nodes_by_depth[depth]:
-                self.order.append(node)
+    def walk(self, fm) -> None:
+        """Visit the calls of Functional graph ``fm`` in Keras's running order (a nested model's inline)."""
+        for depth in sorted(fm._nodes_by_depth, reverse=True):
+            for node in fm._nodes_by_depth[depth]:
+                if fm is not self.fm and node.is_input:
+                    continue  # a nested model's input is bound to the outer value (see nested)
+                if not isinstance(node.operation, keras.Model):
+                    self.order.append(("node", node))
                 self.visit(node)
+
+    def nested(self, node, op, name: str) -> None:
+        """A Sequential or Functional model called as a layer: its calls inline, ids ``<name>/<layer>``."""
+        inner = _functional(op)
+        if len(inner.inputs) != 1 or len(inner.outputs) != 1 or len(node.input_tensors) != 1:
+            raise Unsupported("a nested model with several inputs or outputs", "give the inner model one of each")
+        self.vals[id(inner.inputs[0])] = self.ins(node)[0]
+        self.order.append(("bind", id(inner.inputs[0]), id(node.input_tensors[0])))
+        saved, self.prefix = self.prefix, f"{self.prefix}{name}/"
+        try:
+            self.walk(inner)
+        finally:
+            self.prefix = saved
+        self.vals[id(node.outputs[0])] = self.vals[id(inner.outputs[0])]
+        self.order.append(("bind", id(node.outputs[0]), id(inner.outputs[0])))
+
+    def run(self) -> dict:
+        self.walk(self.fm)
         outs = self.fm.outputs
         if len(outs) != 1:
             raise SigpropError(
@@ -295,7 +318,7 @@ class _Walker:
             return
         k = self.calls.get(id(op), 0)
         self.calls[id(op)] = k + 1
-        name = op.name if k == 0 else f"{op.name}:{k}"
+        name = self.prefix + (op.name if k == 0 else f"{op.name}:{k}")
         try:
             self.classify(node, op, name)
         except Unsupported as exc:
@@ -321,10 +344,8 @@ class _Walker:
         t_out = node.outputs[0]
         in_shapes = [tuple(t.shape) for t in node.input_tensors]
         if isinstance(op, keras.Model):
-            raise Unsupported(
-                "a model nested in the model",
-                "graph_from_keras reads one level of layers: call the inner model's layers directly in the outer one",
-            )
+            self.nested(node, op, name)
+            return
         if type(op) is L.Dense:
             if len(in_shapes[0]) != 2:
                 raise Unsupported(
@@ -476,9 +497,10 @@ def _check(graph: dict, walker: _Walker) -> None:
             exc.code, f"the graph extracted from the Keras model is not valid: {exc.message}", exc.hint
         ) from None
     tensors = {}
-    for node in walker.order:
-        for t in node.outputs:
-            tensors[id(t)] = t
+    for kind, *rest in walker.order:
+        if kind == "node":
+            for t in rest[0].outputs:
+                tensors[id(t)] = t
     for gid, e in walker.entries.items():
         t = tensors.get(e.tensor) if e.tensor is not None else None
         if t is None or e.op in ("output", "input"):
@@ -516,8 +538,9 @@ def graph_from_keras(model, *, keep_fn: bool = False, assumptions: str = "strict
     ``[batch, features]``) to ``flatten``; ``Dropout`` and ``SpatialDropout`` to ``dropout``;
     ``Identity`` to ``identity``.
 
-    Any other layer (normalization, attention, embeddings, recurrent layers, a nested model, a
-    custom layer) raises ``SigpropError("unsupported_op")`` naming it; nothing is passed through.
+    A Sequential or Functional model called as a layer is read inline (ids ``<model>/<layer>``).
+    Any other layer (normalization, attention, embeddings, recurrent layers, a custom layer) raises
+    ``SigpropError("unsupported_op")`` naming it; nothing is passed through.
     ``keep_fn`` and ``assumptions`` are those of ``sigprop.client.torch.graph_from_module``: activation
     nodes carry the model's ``fn`` only with ``keep_fn=True``, and the graph is checked against the
     kernel theory's structure rules (``"warn"`` warns instead of raising).
