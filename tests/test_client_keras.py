@@ -160,6 +160,13 @@ def test_plain_add_becomes_the_normalized_sum_and_the_clone_saves(tmp_path):
     report = apply(model, sol, seed=0)
     assert len(report.sums) == 1 and isinstance(report.model.get_layer("b0_add"), WeightedSum)
     assert isinstance(report.model.get_layer("b0_a1").activation, TransformedActivation)
+    for lay in sol.layers:  # Orthogonal Delta / SUO exactly: gain times orthonormal columns or rows, zero off-centre
+        w = np.asarray(report.model.get_layer(lay.id).kernel, dtype=np.float64)
+        centre = w[1, 1] if w.ndim == 4 else w
+        gram = centre.T @ centre if centre.shape[0] >= centre.shape[1] else centre @ centre.T
+        np.testing.assert_allclose(gram, lay.gain**2 * np.eye(len(gram)), atol=1e-5 * lay.gain**2, err_msg=lay.id)
+        if w.ndim == 4:
+            assert np.abs(w).sum() == pytest.approx(np.abs(centre).sum())
     x = np.random.default_rng(0).standard_normal((2, 6, 6, 3)).astype("float32")
     path = tmp_path / "solved.keras"
     report.model.save(path)
