@@ -13,7 +13,8 @@ tensor's shape, which is checked against the graph's shape rules node by node. W
   by ``Add`` of an initializer (its bias) -> ``dense``; ``Conv`` (groups 1, no dilation; a 1-d
   convolution on ``[channels, length, 1]``) -> ``conv``;
 * ``Relu``, ``LeakyRelu``, ``Tanh``, ``Sigmoid``, ``Softplus``, ``Softsign``, ``Elu``, ``Selu``,
-  ``Gelu``, ``Erf``, ``Atan``, ``Asinh`` and ``x * Sigmoid(x)`` (swish) -> ``activation``;
+  ``Gelu``, ``Erf``, ``Atan``, ``Asinh``, ``x * Sigmoid(x)`` (swish) and ``x * (1 + Erf(x / sqrt(2)))
+  * 0.5`` (GELU as exporters write it before opset 20) -> ``activation``;
 * ``Add`` and ``Sum`` of network tensors -> ``sum``; ``Mul``/``Div`` by a scalar constant is a
   factor on a sum's input or output (``(x + h) / sqrt(2)``, ``0.8 x + 0.6 h``): the sum's weights.
   An unscaled add gets the equal weights ``1/sqrt(n)``, as ``graph_from_module`` gives it;
@@ -141,12 +142,14 @@ class _Importer:
             dims = _dims(vi)
             if dims is not None:
                 self.shapes[vi.name] = dims
+        for node in g.node:  # Constant nodes' values up front: a pattern may read one that comes later
+            if node.op_type == "Constant" and "value" in _attrs(node):
+                self.consts[node.output[0]] = numpy_helper.to_array(_attrs(node)["value"])
         self.consumers: dict[str, list] = {}
         for node in g.node:
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node)
         self.vals: dict[str, _Val] = {}  # tensor name -> value on the data path
-        self.meta: set[str] = set()  # tensors computed from constants or shapes only
         self.nodes: list[dict] = []
         self.entries: dict[str, dict] = {}  # gid -> {"op", "plain", "weights"}
         self.params: dict[str, dict] = {}
@@ -204,10 +207,7 @@ class _Importer:
             if id(node) in self.skip:
                 continue
             data = [n for n in node.input if n in self.vals]
-            if not data:
-                self.meta.update(node.output)
-                if node.op_type == "Constant":
-                    self.consts[node.output[0]] = numpy_helper.to_array(_attrs(node)["value"])
+            if not data:  # computed from constants and shapes only: off the data path
                 continue
             name = node.name or (node.output[0] if node.output else f"{node.op_type}_{k}")
             try:
@@ -249,6 +249,12 @@ class _Importer:
         if t in ("Add", "Sum"):
             return self.add(node, name)
         if t in ("Mul", "Div"):
+            end = self.erf_gelu(node)
+            if end is not None:  # x * 0.5 * (1 + erf(x / sqrt(2))), as exporters write GELU before opset 20
+                gid = self.one(node, name, "activation")
+                self.entries[gid]["fn"] = "gelu"
+                self.vals[end] = self.vals.pop(node.output[0])
+                return None
             return self.scale(node, name, t)
         if t == "Concat":
             rank = len(self.shapes.get(node.output[0]) or [0, 0])
@@ -411,6 +417,34 @@ class _Importer:
         wire = self.emit(gid, "sum", [v.gid for v in vs])  # weights: ScaledSums.finalize
         self.sums.add(wire, [v.gid for v in vs], [v.factor for v in vs])
         self.vals[node.output[0]] = _Val(gid)
+
+    def _only_user(self, tensor: str, op_type: str):
+        users = self.consumers.get(tensor, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op_type else None
+
+    def _scalar_const(self, node, data: str) -> float | None:
+        other = [i for i in node.input if i != data]
+        c = self.const(other[0]) if len(other) == 1 else None
+        return float(c.reshape(())) if c is not None and c.size == 1 else None
+
+    def erf_gelu(self, node) -> str | None:
+        """The output of an exact GELU written out from this ``x / sqrt(2)``, marking its nodes done; else None."""
+        x = node.input[0]
+        c = self._scalar_const(node, x)
+        if c is None or x not in self.vals or abs((c if node.op_type == "Div" else 1.0 / c) - math.sqrt(2)) > 1e-5:
+            return None
+        erf = self._only_user(node.output[0], "Erf")
+        add = erf and self._only_user(erf.output[0], "Add")
+        if not add or abs((self._scalar_const(add, erf.output[0]) or 0.0) - 1.0) > 1e-6:
+            return None
+        mul = self._only_user(add.output[0], "Mul")
+        if not mul or set(mul.input) != {x, add.output[0]}:
+            return None
+        half = self._only_user(mul.output[0], "Mul")
+        if not half or abs((self._scalar_const(half, mul.output[0]) or 0.0) - 0.5) > 1e-6:
+            return None
+        self.skip.update(id(n) for n in (erf, add, mul, half))
+        return half.output[0]
 
     def scale(self, node, name: str, t: str) -> None:
         a, b = node.input[0], node.input[1]

@@ -108,6 +108,19 @@ def test_dynamo_export_has_the_same_request_key(build, shape):
     assert len(params) == sum(isinstance(m, (nn.Linear, nn.Conv2d)) for m in model.modules())
 
 
+@pytest.mark.parametrize("opset", [17, 20])
+def test_gelu_written_out_before_opset_20_is_the_gelu_activation(opset):
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=opset)
+    graph, _ = graph_from_onnx(buf.getvalue(), keep_fn=True)
+    assert [nd.get("fn") for nd in graph["nodes"] if nd["op"] == "activation"] == ["gelu", "gelu"]
+    assert _key(graph) == _key(graph_from_module(model, x, keep_fn=True))
+
+
 def _init(name: str, array) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
 
