@@ -255,6 +255,8 @@ def _eoc(m: MethodInput) -> Solution:
     top = 0 if len(acts) == 1 else next((k for k, a in enumerate(acts) if a.name == want), None)
     shown = top if top is not None else 0
     layers, notes = _eoc_layers(m, acts, sols, shown)
+    global_at, more = eoc.network_c_map(program, graph, acts, sols, grid, shown)
+    notes += more
     per = {
         a.name: ActivationParams(sigma_w2=s.sigma_w2, sigma_b2=s.sigma_b2, chi_1=s.chi_1)
         for a, s in zip(acts, sols, strict=True)
@@ -276,9 +278,7 @@ def _eoc(m: MethodInput) -> Solution:
         q_star=qs,
         activations=per if len(acts) > 1 else None,
         jacobian=jacobian.summary(graph, acts[shown]) if len(acts) == 1 else None,
-        c_map=CMapSample(
-            c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, shown).tolist()
-        ),
+        c_map=CMapSample(c=grid.tolist(), global_=global_at.tolist(), local=combined(grid, shown).tolist()),
         layers=layers,
         warnings=_warnings_for(graph, m.report) + notes + sum((_c_map_accuracy(t) for t in tables), []),
     )
