@@ -28,7 +28,7 @@ from ..schemas.solve import (
     VMapSample,
 )
 from ..schemas.structure import StructureReport, pooling_warnings
-from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, sparse_eoc, tat
+from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, root_scan, sparse_eoc, tat
 from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
@@ -574,9 +574,17 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
             starting_point=list(shown.tr.starting_point), attempt=shown.tr.attempt, rejected=shown.tr.rejected
         ),
         c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=shown.table(grid).tolist()),
+        other_roots=_other_roots(m, per),
         layers=layer_inits(graph, m.request.init),
         warnings=warnings,
     )
+
+
+def _other_roots(m: MethodInput, per: list[_Local]) -> list | None:
+    """Only asked for (``roots: all``), for one smooth function: a rectifier's root is unique or dks's."""
+    if m.request.roots != "all" or len(per) != 1 or not per[0].has_curv:
+        return None
+    return root_scan.other_roots(m.program, per[0].act, per[0].tr, m.request.method, m.targets)
 
 
 METHODS: dict[str, Method] = {
