@@ -40,6 +40,7 @@ from .transform import (
     _accept,
     _LastPoint,
     _NearLinear,
+    _OutOfBudget,
     _polish,
     _root,
 )
@@ -50,6 +51,9 @@ SCAN_SHIFTS = np.linspace(-3.0, 3.0, 25)
 ALPHA_ITERATIONS = 4
 # two roots closer than this in (alpha, beta), relative, are one
 SAME_ROOT = 1e-6
+# condition evaluations the brackets' solves may spend together (the grid's own are
+# len(SCAN_SHIFTS) * (ALPHA_ITERATIONS + 1)): about 0.2 s at worst, whatever the activation
+SCAN_EVAL_BUDGET = 1500
 
 
 def _moments(act: Activation, alpha: float, beta: float) -> tuple[float, ...]:
@@ -111,6 +115,23 @@ def scan_roots(
     values = [_branch_values(act, float(b), c_slope_1, q_slope_1, c_curv_1) for b in SCAN_SHIFTS]
     found = [dict(p) for p in known]
     out = []
+    spent = [0]
+
+    def residuals(u):
+        spent[0] += 1
+        if spent[0] > SCAN_EVAL_BUDGET:
+            raise _OutOfBudget
+        return near.residuals(u)
+
+    try:
+        _solve_brackets(values, near, residuals, c_0, c_curv_1, found, out)
+    except _OutOfBudget:
+        pass  # the roots found so far are listed
+    return out
+
+
+def _solve_brackets(values, near, residuals, c_0, c_curv_1, found: list, out: list) -> None:
+    """Solve each sign change of a branch between neighbouring shifts; append new accepted roots."""
     for k in range(len(SCAN_SHIFTS) - 1):
         left, right = values[k], values[k + 1]
         for branch in range(min(len(left), len(right))):
@@ -120,10 +141,10 @@ def scan_roots(
             w = g0 / (g0 - g1)  # the secant's zero between the two shifts
             b0, b1 = SCAN_SHIFTS[k], SCAN_SHIFTS[k + 1]
             start = [a0 + w * (a1 - a0), b0 + w * (b1 - b0)] + ([] if c_0 is not None else [d0 + w * (d1 - d0)])
-            solved = _root(near.residuals, near.from_reference(start), MAX_EVALS_PER_START)
+            solved = _root(residuals, near.from_reference(start), MAX_EVALS_PER_START)
             if solved is None:
                 continue
-            params, res = _polish(near, near.residuals, near.to_reference(solved), c_0)
+            params, res = _polish(near, residuals, near.to_reference(solved), c_0)
             if params is None or not _accept(res, near.t, c_curv_1):
                 continue
             if params["input_scale"] * params["output_scale"] >= UNSTABLE_PRODUCT:
@@ -132,7 +153,6 @@ def scan_roots(
                 continue
             found.append(params)
             out.append(TransformSolution(params, tuple(start), -1, 0, float(np.max(np.abs(res)))))
-    return out
 
 
 def _same(p: dict, q: dict) -> bool:
