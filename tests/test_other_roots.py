@@ -9,6 +9,7 @@ be among the listed roots, and every listed root must meet every condition by sc
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -169,3 +170,13 @@ def test_dks_root_is_listed_live(case):
     ans = answer(method, fn, targets, graph)
     print(case, "dks", {k: float(v) for k, v in ref.items()})
     assert any(abs(r.input_scale - float(ref["input_scale"])) < 1e-6 for r in ans.other_roots)
+
+
+def test_cli_roots_flag(capsys):
+    from sigprop.cli import main
+
+    argv = ["solve", "--template", "mlp", "--depth", "7", "--method", "tat", "--activation", "elu", "--tau", "0.01"]
+    assert main([*argv, "--roots", "all"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["other_roots"][0]["input_shift"] == pytest.approx(-0.1034520, abs=1e-6)
+    assert main(argv) == 0 and "other_roots" not in json.loads(capsys.readouterr().out)
