@@ -1,7 +1,8 @@
 """Other roots of the activation-transformation system, by a bracket scan along the input shift.
 
-TAT's system (Algorithm 2, equation 16: Q'(1) = 1, C'(1) = 1, C''(1) = t, gamma from Q(1) = 1,
-equation 15) and DKS's (Q'(1) = q, C'(1) = s, C(0) = 0) can have several roots: near the identity
+TAT's system ("Deep Learning without Shortcuts: Shaping the Kernel with Tailored Rectifiers",
+arXiv:2203.08120, Algorithm 2, equation 16: Q'(1) = 1, C'(1) = 1, C''(1) = t, gamma from Q(1) = 1,
+equation 15) and DKS's (arXiv:2110.01765: Q'(1) = q, C'(1) = s, C(0) = 0) can have several roots: near the identity
 (small t or s - 1) the conditions hold to leading order along a whole curve of input shifts beta,
 and higher-order terms pick isolated roots on it. The root search (``transform.solve_transform``)
 takes the first that converges from dks's starting points; this module looks for the others.
@@ -15,10 +16,11 @@ at phi(alpha z + beta), and S = E[(phi + delta)^2] = 1 / gamma^2 (equations 15-1
 - What is left is one scalar condition along beta: Q'(1) = alpha (P + delta D) / S.
 
 So each branch is a function G(beta) = Q'(1) - target; its sign changes on a grid of shifts bracket
-the other roots. Each bracket is then solved by the root search's own polish (near-linear
-coordinates, the same acceptance and stability rules), so a listed root meets every condition as
-closely as the chosen one. (-alpha, beta, delta) is always a root too, with the same Q and C maps
-(z and -z have one distribution): the scan keeps alpha > 0 and lists no such mirror.
+the other roots. Each bracket is then solved by hybr in the root search's near-linear coordinates
+and polished and accepted by its rules (conditions to RESIDUAL_TOL, the stability rule), so a
+listed root meets every condition as closely as the chosen one. (-alpha, beta, delta) is always a
+root too, with the same Q and C maps (z and -z have one distribution): the scan keeps alpha > 0 and
+lists no such mirror.
 """
 
 from __future__ import annotations
