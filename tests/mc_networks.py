@@ -31,6 +31,12 @@ def phi_hat(ans):
     if ans.negative_slope is not None:
         a, g = ans.negative_slope, ans.output_scale
         return lambda x: g * np.where(x > 0, x, a * x)
+    if ans.tau is not None:  # sparse Edge of Chaos: the clipped thresholds, equations (9)-(10)
+        tau, m = ans.tau, ans.m
+        return {
+            "crelu": lambda x: np.clip(x - tau, 0.0, m),
+            "cst": lambda x: np.sign(x) * np.clip(np.abs(x) - tau, 0.0, m),
+        }[ans.activation]
     raw = RAW[ans.activation]
     if ans.input_scale is None:  # Edge of Chaos: phi itself, with sigma_w2 and sigma_b2 in the layers
         return raw

@@ -128,8 +128,8 @@ class KernelPass:
     (activation and the weighted layer reading it), and ``first`` the weighted layer reading the input.
     """
 
-    def __init__(self, acts: list[Activation], sols: list[EOCSolution]):
-        self.acts, self.sols = acts, sols
+    def __init__(self, acts: list[Activation], sols: list[EOCSolution], terms: int = 96):
+        self.acts, self.sols, self.terms = acts, sols, terms
         self.q_star = sols[0].q_star
         self.tables: list[dict[float, tuple]] = [{} for _ in acts]
         self.unsettled = False
@@ -147,7 +147,8 @@ class KernelPass:
                 keys = np.fromiter(tables, float, len(tables))
                 return tables[float(keys[np.argmin(np.abs(np.log(keys / q)))])]
             _, w, f, _, _ = _moments(self.acts[slot], q)
-            found = tables[q] = (HermiteCMap(self.acts[slot], input_scale=math.sqrt(q)), float(w @ (f * f)))
+            table = HermiteCMap(self.acts[slot], input_scale=math.sqrt(q), terms=self.terms)
+            found = tables[q] = (table, float(w @ (f * f)))
         return found
 
     def first(self, value: np.ndarray, bias: bool, slot: int) -> np.ndarray:
@@ -187,10 +188,12 @@ def input_layer_bias(graph) -> bool | None:
     return found.pop() if len(found) == 1 else None
 
 
-def network_c_map(program, graph, acts, sols, grid: np.ndarray, first_slot: int) -> tuple[np.ndarray, list[str]]:
+def network_c_map(
+    program, graph, acts, sols, grid: np.ndarray, first_slot: int, terms: int = 96
+) -> tuple[np.ndarray, list[str]]:
     """C_f on ``grid`` for inputs of q = INPUT_Q, every layer composed from the first (``KernelPass``),
-    and the notes where that is not exact."""
-    maps = KernelPass(acts, sols)
+    and the notes where that is not exact. Also sparse EoC's (its V and C maps are EoC's)."""
+    maps = KernelPass(acts, sols, terms)
     value = np.append(INPUT_Q * grid, INPUT_Q)
     bias = input_layer_bias(graph)
     notes = []

@@ -401,6 +401,8 @@ def _sparse_eoc(m: MethodInput) -> Solution:
 
     grid = _c_grid(request.c_map_points)
     qs_grid = np.linspace(3 * qs / request.c_map_points, 3 * qs, request.c_map_points)
+    as_eoc = eoc.EOCSolution(qs, sw2, sb2, sol.chi_1, sol.v_slope, sol.v_curvature)
+    global_at, notes = eoc.network_c_map(program, graph, [act], [as_eoc], grid, 0, terms=160)
     depth = graph.depth()
     return Solution(
         **m.common(),
@@ -423,11 +425,9 @@ def _sparse_eoc(m: MethodInput) -> Solution:
             q=qs_grid.tolist(),
             v=np.asarray(sparse_eoc.variance_map(request.activation, qs_grid, sol.tau, sol.m, sw2, sb2)).tolist(),
         ),
-        c_map=CMapSample(
-            c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, 0).tolist()
-        ),
+        c_map=CMapSample(c=grid.tolist(), global_=global_at.tolist(), local=combined(grid, 0).tolist()),
         layers=layer_inits(graph, request.init, sw2, sb2),
-        warnings=_warnings_for(graph, m.report) + list(sol.warnings) + _c_map_accuracy(table),
+        warnings=_warnings_for(graph, m.report) + list(sol.warnings) + notes + _c_map_accuracy(table),
     )
 
 
