@@ -134,3 +134,17 @@ def test_sparse_eoc_against_monte_carlo_width_512(kind):
         est = stats["c"][c0]
         print(f"sparse {kind} c0={c0}: predicted {pred:.4f}, measured {est.mean:.4f} +- {est.se:.4f}")
         assert abs(est.mean - pred) <= 3 * est.se + 0.01, (c0, est, pred)
+
+
+def test_unstable_q_star_is_bounded_and_said():
+    """gelu's q* = 1 is unstable (V'(q*) = 1.07): q runs off, each layer a new C map table, until
+    MAX_Q_TABLES; past them the nearest table stands in and the answer says so."""
+    from sigprop.engine.eoc import MAX_Q_TABLES
+
+    _, ans = solve_request(
+        {"graph": {"template": "mlp", "depth": MAX_Q_TABLES + 20}, "method": "eoc", "activation": "gelu"}
+    )
+    assert ans.v_slope > 1.0
+    assert any("does not settle" in w for w in ans.warnings)
+    _, short = solve_request({"graph": {"template": "mlp", "depth": 20}, "method": "eoc", "activation": "gelu"})
+    assert not any("does not settle" in w for w in short.warnings)
