@@ -63,6 +63,8 @@ def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
     }
     if request.trainable is not None:
         payload["trainable"] = request.trainable.model_dump()
+    if request.roots != "first":  # the default leaves the key as it was
+        payload["roots"] = request.roots
     if request.assumptions != "strict":  # the default leaves the key as it was
         payload["assumptions"] = request.assumptions
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
