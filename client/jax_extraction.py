@@ -107,6 +107,8 @@ class _Walker:
         self.kind: dict = {}  # var -> _Net | ("param", path) | "const"
         self.env: dict = {}
         self.materialized: dict = {}  # var of a resolved chain -> its node
+        self.module_types: dict[tuple, str] = {}  # Flax module path -> its class name
+        self.scope = ""  # the name stack of the equation being read ("Model/Block_0/LayerNorm_0")
 
     # -- values ------------------------------------------------------------------------------------
     def read(self, v):
@@ -124,16 +126,44 @@ class _Walker:
         self.values[gid] = value
         return gid
 
+    def module_at(self) -> tuple[str, str] | None:
+        """(path, class name) of the innermost Flax module the current equation runs in."""
+        parts = [p for p in self.scope.split("/") if p][1:]  # the first is the top module's class
+        path: tuple = ()
+        for p in parts:
+            p = p.split("(")[-1].rstrip(")")  # jit(leaky_relu) and the like are not modules
+            if path + (p,) not in self.module_types:
+                break
+            path += (p,)
+        return ("/".join(path), self.module_types[path]) if path else None
+
     def unsupported(self, why: str, hint: str = "") -> None:
+        at = self.module_at()
+        kind = at[1] if at else ""
+        if at is None:
+            where = "the Flax model's own code (its __call__, outside any submodule)"
+        else:
+            where = f"the Flax module '{at[0]}' ({kind})"
+        if "Norm" in kind:
+            hint = (
+                f"{kind} is a normalization layer, which the Q/C map analysis does not model: TAT and DKS "
+                "networks are normalization-free, remove it (the answer's initialization and transformed "
+                "activations do its job), or pass allow_unsupported=True to treat it as the identity"
+            )
+        elif "Attention" in kind:
+            hint = (
+                "attention is not supported yet (sequence models are not covered by the graph): "
+                "there is no sigprop answer for this model"
+            )
         if not self.allow:
             raise SigpropError(
                 "unsupported_op",
-                f"the Flax model computes {why}, which the sigprop graph cannot express",
+                f"{where} is not supported: it computes {why}, which the sigprop graph cannot express",
                 hint
                 or "use dense/conv layers, activations, adds, concatenations, pooling and reshapes; "
                 "or pass allow_unsupported=True to treat it as the identity",
             )
-        self.warnings.append(f"{why}: treated as the identity")
+        self.warnings.append(f"{where}: {why}: treated as the identity")
 
     def resolve(self, v, for_what: str, scaled_ok: bool = False) -> _Net:
         """The node ``v`` stands for, its pending elementwise chain turned into an activation node."""
@@ -253,7 +283,10 @@ def _layer(w: _Walker, eqn, v, path: tuple, out) -> None:
     gid_base = "/".join(str(k) for k in module).lower() or "layer"
     if eqn.primitive.name == "dot_general":
         if len(np.shape(out)) != 2:
-            return _unsupported(w, "a Dense layer on a rank > 2 tensor", [(v, src)], out, eqn.outvars[0])
+            what = (
+                f"a Dense layer on a tensor of shape {list(np.shape(out))[:-1] + ['features']} (per token or location)"
+            )
+            return _unsupported(w, what, [(v, src)], out, eqn.outvars[0])
         nd = {"op": "dense", "inputs": [src.node], "units": int(kernel[-1]), "bias": False}
     else:
         nd = _conv_node(w, eqn, src, kernel, out)
@@ -312,15 +345,17 @@ def _unsupported(w: _Walker, what: str, data: list, out, ov) -> None:
     return None
 
 
-def _identity(b):
-    return b
-
-
-def _link(k) -> Any:
-    """How an operand of an elementwise op is computed from the chain's base (None: a constant)."""
+def _link(k, ratio: float) -> Any:
+    """How an operand of an elementwise op is computed from the chain's base (None: a constant);
+    ``ratio``: the operand's base over the chain's (``0.2 * x`` in ``where(x > 0, x, 0.2 * x)``)."""
     if not isinstance(k, _Net):
         return None
-    return k.chain if k.chain is not None else _identity
+    chain = k.chain
+    if ratio == 1.0:
+        return chain if chain is not None else (lambda b: b)
+    if chain is None:
+        return lambda b: ratio * b
+    return lambda b: chain(ratio * b)
 
 
 def _rescale(w: _Walker, eqn, kinds: list, net: _Net) -> bool:
@@ -346,15 +381,26 @@ def _elementwise(w: _Walker, eqn, out) -> bool:
     nets = [(v, k) for v, k in zip(eqn.invars, kinds, strict=True) if isinstance(k, _Net)]
     if not nets or eqn.primitive.name not in _ELEMENTWISE or any(isinstance(k, tuple) for k in kinds):
         return False  # a params operand (a bias, a learned slope) is no fixed elementwise function
-    bases = {id(k.base) if k.chain is not None else id(w.env[v]) for v, k in nets}
     roots = {k.node for _, k in nets}
-    if len(bases) != 1 or len(roots) != 1 or np.shape(out) != np.shape(w.env[nets[0][0]]):
+    if len(roots) != 1 or np.shape(out) != np.shape(w.env[nets[0][0]]):
         return False
     first = nets[0][1]
     if first.chain is None and _rescale(w, eqn, kinds, first):
         return True
     base = first.base if first.chain is not None else w.env[nets[0][0]]
-    parts = [_link(k) for k in kinds]
+    # every operand's base is the same node times its own factor: a multiple of the chain's base
+    ratios = []
+    for v, k in nets:
+        own = k.base if k.chain is not None else w.env[v]
+        ratio = k.factor / first.factor
+        if own is not base:
+            if np.shape(own) != np.shape(base) or not np.allclose(
+                np.asarray(own), ratio * np.asarray(base), rtol=1e-5, atol=1e-6
+            ):
+                return False
+        ratios.append(1.0 if abs(ratio - 1.0) < 1e-12 else ratio)
+    it = iter(ratios)  # in operand order, as nets is
+    parts = [_link(k, next(it)) if isinstance(k, _Net) else None for k in kinds]
     consts = [None if isinstance(k, _Net) else w.read(v) for v, k in zip(eqn.invars, kinds, strict=True)]
     prim, params = eqn.primitive, dict(eqn.params)
 
@@ -366,12 +412,14 @@ def _elementwise(w: _Walker, eqn, out) -> bool:
     return True
 
 
-def _run(w: _Walker, jaxpr, args: list) -> list:
+def _run(w: _Walker, jaxpr, args: list, outer: str = "") -> list:
     for var, val in zip(jaxpr.invars, args, strict=True):
         w.env[var] = val
     for eqn in jaxpr.eqns:
         ins = [w.read(v) for v in eqn.invars]
         name = eqn.primitive.name
+        scope = str(eqn.source_info.name_stack)
+        w.scope = f"{outer}/{scope}" if outer and scope else outer or scope
         if name in _INLINE:
             closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
             inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
@@ -380,7 +428,7 @@ def _run(w: _Walker, jaxpr, args: list) -> list:
                 w.env[cv] = c
             for iv, ov in zip(inner.invars, eqn.invars, strict=True):
                 w.kind[iv] = w.kind_of(ov)
-            outs = _run(w, inner, ins)
+            outs = _run(w, inner, ins, w.scope)
             for ov, iv, val in zip(eqn.outvars, inner.outvars, outs, strict=True):
                 w.env[ov] = val
                 w.kind[ov] = w.kind_of(iv)
@@ -399,16 +447,42 @@ def _run(w: _Walker, jaxpr, args: list) -> list:
     return [w.read(v) for v in jaxpr.outvars]
 
 
+def _traced(module, variables, x, types: dict):
+    """The jaxpr of ``module.apply``, recording each submodule's path and class (so that an
+    unsupported op is named by the module computing it, not by a jaxpr primitive)."""
+    try:
+        from flax import linen
+    except ImportError:  # pragma: no cover - graph_from_flax is only called with Flax modules
+        linen = None
+
+    def record(next_fun, args, kwargs, context):
+        types[tuple(context.module.path)] = type(context.module).__name__
+        return next_fun(*args, **kwargs)
+
+    if linen is None:
+        return jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x)
+    with linen.intercept_methods(record):
+        return jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x)
+
+
 def extract_flax(module, variables, example_input, *, allow_unsupported: bool = False) -> FlaxExtraction:
     """Trace ``module.apply(variables, example_input)`` and read the graph off its jaxpr."""
     x = jnp.asarray(example_input)
+    if x.ndim == 3:
+        raise SigpropError(
+            "unsupported_op",
+            f"example_input has shape {list(x.shape)}: sequence inputs [B, T, D] are not supported yet "
+            "(attention, and Dense layers applied per token, are outside the graph)",
+            "sigprop covers [B, F] vectors and NHWC images [B, H, W, C]; a model that flattens the sequence "
+            "first can be given the flattened [B, T * D] input",
+        )
     if x.ndim not in (2, 4):
         raise SigpropError(
             "invalid_graph", f"example_input has shape {list(x.shape)}", "give [B, F] or NHWC [B, H, W, C]"
         )
-    closed = jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x)
-    leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
     w = _Walker(allow_unsupported)
+    closed = _traced(module, variables, x, w.module_types)
+    leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
     shape = [int(x.shape[1])] if x.ndim == 2 else [int(x.shape[3]), int(x.shape[1]), int(x.shape[2])]
     gid = w.new_node("x", {"op": "input", "shape": shape}, x)
     inv = closed.jaxpr.invars
