@@ -223,3 +223,92 @@ def test_digits_facts_match_the_loaded_dataset():
 
     ds = load_dataset("digits", 0)
     assert BUILTIN_FACTS["digits"] == (ds.input_shape, ds.n_classes)
+
+
+# -- 6. "did you mean" over HTTP, for methods, top-level keys, targets and ops -------------------
+
+
+def _node_graph(op: str) -> dict:
+    return {
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [4]},
+            {"id": "d", "op": op, "inputs": ["x"], "units": 4},
+            {"id": "o", "op": "output", "inputs": ["d"]},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    "body,code,says",
+    [
+        ({**mlp(), "method": "tta"}, "unsupported_method", "did you mean 'tat'?"),
+        ({**mlp(), "method": "dsk"}, "unsupported_method", "did you mean 'dks'?"),
+        ({**{k: v for k, v in mlp().items() if k != "targets"}, "target": {"eta": 0.9}}, "invalid_request",
+         "target: unknown key 'target'; did you mean 'targets'?"),
+        ({**mlp(), "targets": {"etaa": 0.9}}, "invalid_target", "targets.etaa: unknown target; did you mean 'eta'?"),
+        (_with_graph(_node_graph("linear")), "unsupported_op", "'linear'"),
+        (_with_graph(_node_graph("Conv2d")), "unsupported_op", "did you mean 'conv'?"),
+        (_with_graph(_node_graph("dnese")), "unsupported_op", "did you mean 'dense'?"),
+    ],
+)  # fmt: skip
+def test_did_you_mean_over_http(tmp_path, body, code, says):
+    with app_client(tmp_path) as c:
+        err = assert_error(c.post("/v1/solve", json=body), 422, code)
+    assert says in err["message"], err
+    if body.get("graph", {}).get("nodes", [{}, {}])[1].get("op") == "linear":
+        assert "did you mean 'dense'?" in err["message"], err
+    if code == "invalid_request":
+        assert "graph, method, activation, targets" in err["hint"]
+
+
+def test_did_you_mean_is_not_offered_for_a_name_close_to_nothing():
+    err = _refused({**mlp(), "method": "adam"})
+    assert err.code == "unsupported_method" and "did you mean" not in err.message
+    assert closest("tta", ["tat", "dks"]) == "tat" and closest("tta", ["att", "tat"]) is None  # ambiguous
+
+
+# -- 7. degenerate targets ----------------------------------------------------------------------
+
+
+def test_eta_zero_warns_that_the_network_is_linear():
+    from sigprop.engine.solve import solve
+
+    sol = solve(parse_solve_request({**mlp(), "targets": {"eta": 0.0}}))
+    assert sol.negative_slope == 1.0
+    (warning,) = [w for w in sol.warnings if "linear network" in w]
+    assert warning.startswith("eta = 0 makes the transformed activation the identity (negative slope 1)")
+    assert "ask for eta > 0" in warning
+    assert not [w for w in solve(parse_solve_request(mlp())).warnings if "linear network" in w]
+
+
+@pytest.mark.parametrize(
+    "method,activation,targets,fix",
+    [("tat", "softplus", {"tau": 1e-6}, "a larger tau"), ("dks", "tanh", {"zeta": 1.000001}, "a larger zeta")],
+)
+def test_targets_next_to_the_identity_warn_too(method, activation, targets, fix):
+    from sigprop.engine.solve import solve
+
+    body = {"graph": {"template": "mlp", "depth": 20}, "method": method, "activation": activation, "targets": targets}
+    warning = next(w for w in solve(parse_solve_request(body)).warnings if "linear network" in w)
+    assert "makes the transformed activation linear" in warning and fix in warning, warning
+
+
+def test_eta_zero_warns_over_http(tmp_path):
+    with app_client(tmp_path) as c:
+        r = c.post("/v1/solve", json={**mlp(), "targets": {"eta": 0.0}})
+    assert r.status_code == 200 and any("linear network" in w for w in r.json()["warnings"])
+
+
+# -- 8. the torch adapter's refusals name the fix -------------------------------------------------
+
+
+def test_a_batchnorm_refusal_names_normalization_free():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(model, torch.randn(2, 3, 8, 8))
+    err = info.value
+    assert err.code == "unsupported_op" and "BatchNorm2d is a normalization layer" in err.message
+    assert "normalization_free(model, preactivation=True)" in err.hint
