@@ -312,3 +312,90 @@ def test_a_batchnorm_refusal_names_normalization_free():
     err = info.value
     assert err.code == "unsupported_op" and "BatchNorm2d is a normalization layer" in err.message
     assert "normalization_free(model, preactivation=True)" in err.hint
+
+
+# -- 9. sequence models: refused plainly, naming the construct ------------------------------------
+
+
+def _sequence_models():
+    torch = pytest.importorskip("torch")
+    nn, F = torch.nn, torch.nn.functional
+
+    class TokenMLP(nn.Module):  # an MLP applied to each token of [B, T, D]
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)))
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att, self.head = nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(128, 4)
+
+        def forward(self, x):
+            return self.head(self.att(x, x, x)[0].flatten(1))
+
+    class Sdpa(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(128, 4)
+
+        def forward(self, x):
+            return self.head(F.scaled_dot_product_attention(x, x, x).flatten(1))
+
+    class TokenNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.head = nn.LayerNorm(16), nn.Linear(128, 4)
+
+        def forward(self, x):
+            return self.head(self.norm(x).flatten(1))
+
+    encoder = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    return {
+        "token_mlp": (TokenMLP(), "node 'up' (Linear module 'up')", "a 3-D Linear) is not supported yet"),
+        "attention": (Attention(), "module 'att' (MultiheadAttention: attention) is not supported yet", ""),
+        "sdpa": (Sdpa(), "F.scaled_dot_product_attention (attention) is not supported yet", ""),
+        "layernorm": (TokenNorm(), "node 'norm' (LayerNorm module 'norm')", "LayerNorm over the features of each"),
+        "encoder": (encoder, "module 'TransformerEncoderLayer' (TransformerEncoderLayer: attention)", "yet"),
+    }
+
+
+@pytest.mark.parametrize("case", ["token_mlp", "attention", "sdpa", "layernorm", "encoder"])
+@pytest.mark.parametrize("allow", [False, True])
+def test_sequence_models_are_refused_as_not_supported_yet(case, allow):
+    """Not "flatten first" (wrong advice for a sequence model), not a bare fx control-flow error,
+    and not treated as the identity under allow_unsupported (that answer would be for another network)."""
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model, names, says = _sequence_models()[case]
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(model, torch.randn(2, 8, 16), allow_unsupported=allow, assumptions="warn")
+    err = info.value
+    assert err.code == "unsupported_op" and names in err.message and says in err.message, err.message
+    assert "not supported yet" in err.message and "flatten first" not in err.hint
+    assert "sequence models" in err.hint and "x.flatten(1)" in err.hint
+
+
+def test_a_sequence_flattened_first_is_an_mlp_and_is_covered():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(128, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    graph = graph_from_module(model, torch.randn(2, 8, 16))
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "flatten", "dense", "activation", "dense", "output"]
+
+
+def test_huggingface_models_are_refused_by_their_attention_module():
+    pytest.importorskip("transformers")  # not a dependency: skipped where it is not installed
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    from sigprop.client.torch import graph_from_module
+
+    model = GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2))
+    with pytest.raises(SigpropError, match="GPT2Attention: attention\\) is not supported yet"):
+        graph_from_module(model, torch.zeros(2, 8, dtype=torch.long))
