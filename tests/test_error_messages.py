@@ -399,3 +399,61 @@ def test_huggingface_models_are_refused_by_their_attention_module():
     model = GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2))
     with pytest.raises(SigpropError, match="GPT2Attention: attention\\) is not supported yet"):
         graph_from_module(model, torch.zeros(2, 8, dtype=torch.long))
+
+
+# -- 10. diagnose and the Flax adapter say what is wrong ------------------------------------------
+
+
+def test_a_one_channel_input_pair_is_not_zero():
+    """The issue's reproduction: input_pair(torch.randn(4, 1, 28, 28), 0.0) gave q(x2) = 0."""
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import input_pair
+
+    _, x2 = input_pair(torch.randn(4, 1, 28, 28), 0.0)
+    assert float((x2 * x2).mean()) == pytest.approx(1.0)
+
+
+def test_diagnose_names_an_activation_that_was_not_swapped_in():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import apply, diagnose, graph_from_module
+    from sigprop.engine.solve import solve
+
+    nn = torch.nn
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
+    )
+    x = torch.randn(32, 1, 28, 28)
+    graph = graph_from_module(model, x)
+    sol = solve(
+        parse_solve_request({"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.3}})
+    )
+    net = apply(model, sol, graph=graph, example_input=x, seed=0).model
+    assert diagnose(net, sol, x).ok
+    net.set_submodule("2", nn.ReLU())  # the answer's weights, the model's own ReLU
+    diag = diagnose(net, sol, x)
+    assert not diag.ok and diag.warnings[0].startswith("node '2' (activation) measures q "), diag.warnings
+    assert "it runs ReLU module '2', not the answer's transformed activation: swap it in" in diag.warnings[0]
+
+
+def test_flax_leaky_relu_extracts_and_a_layernorm_is_named_by_its_module():
+    jax = pytest.importorskip("jax")
+    nn = pytest.importorskip("flax.linen")
+    from sigprop.client.jax import graph_from_flax
+
+    class Net(nn.Module):
+        norm: bool = False
+
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(8)(x)
+            h = nn.LayerNorm()(h) if self.norm else h
+            return nn.Dense(2)(nn.leaky_relu(h, 0.2))
+
+    x = jax.numpy.ones((2, 4))
+    graph, _ = graph_from_flax(Net(), x)
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "dense", "activation", "dense", "output"]
+    with pytest.raises(SigpropError) as info:
+        graph_from_flax(Net(norm=True), x)
+    assert "the Flax module 'LayerNorm_0' (LayerNorm) is not supported" in info.value.message
+    assert "select_n" not in info.value.message and "normalization-free" in info.value.hint
