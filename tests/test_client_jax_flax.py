@@ -252,3 +252,14 @@ def test_unsupported_ops_are_named_by_their_flax_module_and_type():
     with pytest.raises(SigpropError, match="not supported yet") as info:
         sjax.graph_from_flax(_Gated(), jnp.ones((2, 5, 6)))
     assert "[B, T, D]" in info.value.message
+
+
+@pytest.mark.parametrize("shape", [(6, 28, 28, 1), (6, 784), (6, 12, 40), (6, 8, 8, 3)])
+def test_input_pairs_have_q_one_and_the_cosine_for_any_shape(shape):
+    """As the torch adapter's: one channel (NHWC [N, 28, 28, 1]) gets +-1 signs, a share flipped."""
+    x1, x2 = sjax.input_pair(jax.random.normal(jax.random.PRNGKey(0), shape) * 3 + 1, 0.5)
+    a, b = np.asarray(x1, np.float64).reshape(shape[0], -1), np.asarray(x2, np.float64).reshape(shape[0], -1)
+    np.testing.assert_allclose((a * a).mean(1), 1.0, atol=1e-5)
+    np.testing.assert_allclose((b * b).mean(1), 1.0, atol=1e-5)
+    cos = (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    np.testing.assert_allclose(cos, 0.5, atol=1.0 / a.shape[1] + 1e-6)

@@ -9,6 +9,8 @@ its figures are shown but not checked."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -244,3 +246,57 @@ def test_a_batchnorm_left_in_is_named_with_the_fix():
     diag = diagnose(net, sol, x)
     text = " ".join(diag.warnings)
     assert "BatchNorm1d" in text and "normalization_free(model, preactivation=True)" in text, text
+
+
+def _sweep_case(kind: str, width: int, depth: int, shape: tuple, method: str, activation: str, seed: int):
+    targets = {"eta": 0.3} if activation == "leaky_relu" else {"tau": 0.5} if method == "tat" else {"zeta": 1.5}
+    torch.manual_seed(100 + seed)
+    x = torch.randn(*shape)
+    torch.manual_seed(seed)
+    model = _mnist_mlp(width, depth) if kind == "mlp" else _mnist_cnn(width, depth)
+    if kind == "mlp" and shape[1:] != (1, 28, 28) and shape[1:] != (784,):
+        model[1] = nn.Linear(math.prod(shape[1:]), width)
+    if kind == "cnn" and shape[1] != 1:
+        model[0] = nn.Conv2d(shape[1], width, 3, padding=1)
+    graph = graph_from_module(model, x)
+    sol = _solve(graph, method=method, activation=activation, targets=targets)
+    net = apply(model, sol, graph=graph, example_input=x, seed=seed).model
+    good = diagnose(net, sol, x, input_c=0.5, seed=seed)
+    for name, m in list(net.named_modules()):
+        if type(m).__name__ == "TransformedActivation":
+            net.set_submodule(name, nn.ReLU())
+    bad = diagnose(net, sol, x, input_c=0.5, seed=seed)
+    z = max(
+        [abs(r.q_error) / r.q_noise for r in good.layers if r.q_noise and not r.note]
+        + [abs(r.c_error) / r.c_noise for r in good.layers if r.c_noise and not r.note]
+    )
+    return good, bad, z
+
+
+SWEEP = [
+    ("mlp", 32, 5, (64, 1, 28, 28), "tat", "leaky_relu"),
+    ("mlp", 64, 20, (64, 1, 28, 28), "tat", "leaky_relu"),
+    ("mlp", 512, 20, (64, 784), "tat", "leaky_relu"),
+    ("mlp", 128, 40, (64, 784), "tat", "leaky_relu"),
+    ("mlp", 64, 10, (64, 8, 32), "dks", "softplus"),
+    ("mlp", 256, 10, (64, 784), "tat", "softplus"),
+    ("cnn", 16, 4, (16, 1, 28, 28), "tat", "leaky_relu"),
+    ("cnn", 32, 8, (16, 1, 28, 28), "tat", "leaky_relu"),
+    ("cnn", 32, 4, (16, 3, 16, 16), "dks", "tanh"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SWEEP, ids=[f"{c[0]}{c[1]}x{c[2]}-{c[4]}-{c[5]}" for c in SWEEP])
+def test_the_stated_noise_flags_no_applied_network_and_every_unswapped_one(case):
+    """The calibration of diagnosis.FLAG_SIGMAS and the depth constants, over three seeds: a
+    correctly applied network stays under the flag with a margin, and the same network with its
+    transformed activations put back to ReLU is flagged at an activation."""
+    zs = []
+    for seed in range(3):
+        good, bad, z = _sweep_case(*case, seed=seed)
+        zs.append(z)
+        assert good.ok and not good.warnings, str(good)
+        assert not bad.ok and "(activation)" in bad.warnings[0], str(bad)
+    print(f"\n{case}: largest deviation {max(zs):.2f} standard deviations (flag at 5)")
+    assert max(zs) < 4.0

@@ -105,8 +105,8 @@ def _q_and_c(y: torch.Tensor, half: int) -> tuple[float, float]:
     return float((y * y).mean()), float(cos.mean())
 
 
-def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> dict:
-    """Graph id -> (q, c) measured on the pair."""
+def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> tuple[dict, dict]:
+    """Graph id -> (q, c) measured on the pair, and graph id -> the node's output."""
     value_of = {}  # graph id -> fx node whose output is that node's value
     for node, e in ext.entries.items():
         value_of[e.gid] = e.inputs[0] if e.op == "output" else node
@@ -119,7 +119,8 @@ def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> dict:
     finally:
         for m, mode in modes.items():
             m.training = mode
-    return {gid: _q_and_c(rec.values[node], x1.shape[0]) for gid, node in value_of.items()}
+    values = {gid: rec.values[node] for gid, node in value_of.items()}
+    return {gid: _q_and_c(v, x1.shape[0]) for gid, v in values.items()}, values
 
 
 def diagnose(
@@ -156,7 +157,7 @@ def diagnose(
     predicted = predict(
         ext.graph, sol, input_c, same_locations=same_locations, unmodelled=unmodelled, one_channel=one_channel
     )
-    measured = _measure(model, ext, x1, x2)
+    measured, values = _measure(model, ext, x1, x2)
     ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
     noise = stated_noise(ext.graph, predicted, int(x1.shape[0]))
     rows = [
@@ -178,18 +179,37 @@ def diagnose(
         c_global,
     )
     outside = {e.gid: f"{e.desc}: {e.unsupported}" for e in ext.entries.values() if e.unsupported}
-    judge(diag, ext.graph, suspects=_suspects(ext), outside=outside)
+    wrong = _wrong_activations(ext, sol, values)
+    judge(diag, ext.graph, suspects=wrong, outside=outside)
+    named = " ".join(diag.warnings)
+    for gid, why in list(wrong.items())[:3]:
+        if f"node '{gid}'" not in named:  # off by less than its noise, but certainly not the answer's function
+            diag.warnings.append(f"node '{gid}' (activation): {why}")
     return diag
 
 
-def _suspects(ext) -> dict[str, str]:
-    """Activation nodes that do not run the answer's transformed activation (a ReLU module left in
-    place, an ``F.relu`` call): the likely cause when the node is off its prediction."""
+def _wrong_activations(ext, sol, values: dict) -> dict[str, str]:
+    """Activation nodes whose outputs on the diagnosed inputs are not the answer's transformed
+    activation of their inputs (a ReLU module left in place, an ``F.relu`` call): exact, whatever
+    the width, as the function is compared and not its statistics. Answers with several functions
+    are not checked (which node has which is the model's)."""
+    if sol.activations and len(sol.activations) > 1:
+        return {}
+    inputs = {nd["id"]: nd.get("inputs", []) for nd in ext.graph["nodes"]}
     out = {}
     for e in ext.entries.values():
-        if e.op == "activation" and not isinstance(e.module, TransformedActivation):
+        if e.op != "activation" or isinstance(e.module, TransformedActivation) or not inputs.get(e.gid):
+            continue
+        x, y = values[inputs[e.gid][0]].double(), values[e.gid].double()
+        try:
+            want = TransformedActivation.from_solution(sol, defaults=e.fn_params).double()(x)
+        except (KeyError, ValueError, TypeError):
+            continue
+        gap = float((y - want).abs().max()) if y.shape == want.shape else math.inf
+        if gap > 1e-3 * (1.0 + float(want.abs().max())):
             out[e.gid] = (
-                f"it runs {e.desc}, not the answer's transformed activation: swap it in (apply() does; "
-                "by hand, sigprop.client.torch.TransformedActivation)"
+                f"it runs {e.desc}, not the answer's transformed activation (their outputs differ by up to "
+                f"{gap:.3g} on the diagnosed inputs): swap it in (apply() does; by hand, "
+                "sigprop.client.torch.TransformedActivation)"
             )
     return out
