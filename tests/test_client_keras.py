@@ -334,3 +334,34 @@ def test_monte_carlo_at_width_128_over_16_models():
             f"q {q_ratio:.3f}, c {c_ratio:.3f}"
         )
         assert q_ratio < 1 and c_ratio < 1
+
+
+def test_one_channel_inputs_diagnose_within_the_stated_noise_and_a_skipped_apply_is_named():
+    """MNIST-shaped ``[B, H, W, 1]`` inputs: the pair is +-1 with a share of signs flipped (q = 1,
+    cosine ``input_c``), the prediction the matching mixture, and the applied CNN is within its
+    stated noise at every node; the same model before ``apply`` is flagged at its first layer."""
+    from sigprop.client.keras.diagnose import input_pair
+
+    x = np.random.default_rng(2).standard_normal((16, 8, 8, 1)).astype("float32")
+    x1, x2 = input_pair(x, 0.5, seed=0)
+    assert np.all(np.abs(x1) == 1) and float((x2 * x2).mean()) == pytest.approx(1.0)
+    cos = (x1 * x2).reshape(16, -1).mean(axis=1)
+    assert np.allclose(cos, 0.5, atol=1.0 / 64 + 1e-6)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            layers.Conv2D(64, 3, padding="same", activation="relu", name="c1"),
+            layers.Flatten(name="flat"),
+            layers.Dense(256, activation="relu", name="fc1"),
+            layers.Dense(256, activation="relu", name="fc2"),
+            layers.Dense(10, name="out"),
+        ]
+    )
+    graph = graph_from_keras(model)
+    sol = _solve(graph, eta=0.5)
+    diag = diagnose(apply(model, sol, seed=0).model, sol, x, input_c=0.5)
+    assert diag.ok and not diag.warnings, str(diag)
+    assert all(r.q_noise for r in diag.layers if r.op != "input")
+    unapplied = diagnose(model, sol, x, input_c=0.5)  # Keras's own initialization and plain ReLUs
+    assert not unapplied.ok and "node 'c1' (conv)" in unapplied.warnings[0], str(unapplied)
+    assert "does not have the answer's initialization" in unapplied.warnings[0]

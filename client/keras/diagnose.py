@@ -13,7 +13,17 @@ import math
 import keras
 import numpy as np
 
-from ..diagnosis import SHOWN_OPS, Diagnosis, LayerDiagnosis, interpolate, pair_c, predict
+from ..diagnosis import (
+    SHOWN_OPS,
+    Diagnosis,
+    LayerDiagnosis,
+    interpolate,
+    judge,
+    pair_c,
+    predict,
+    stated_noise,
+    with_noise,
+)
 from ..solution import as_solution
 from .extraction import extract
 
@@ -31,19 +41,28 @@ def input_pair(example_input, input_c: float, *, same_locations: bool = False, s
     ``x1`` is ``example_input`` with each vector rescaled to mean square 1; ``x2 = input_c * x1 +
     sqrt(1 - input_c^2) * z`` with ``z`` a seeded Gaussian draw orthogonal to ``x1``, of the same
     norm. ``same_locations=True`` first replaces each example by its spatial mean at every location,
-    so pooling leaves the maps unchanged. A map with one channel has no cosine per location:
-    ValueError (use a flat input or one with several channels)."""
+    so pooling leaves the maps unchanged. A map with one channel (``[B, H, W, 1]``) has no second
+    direction at a location: there ``x1`` is +-1 everywhere and ``x2`` is ``x1`` with the signs of a
+    seeded share ``(1 - input_c) / 2`` of each example's locations flipped, as the torch adapter's
+    ``input_pair`` builds it (q = 1, cosine ``input_c`` per example to within 1 / locations)."""
     input_c = pair_c(input_c)
     x = np.asarray(example_input, dtype=np.float64)
     if x.ndim < 2:
         raise ValueError(f"example_input must be batched, got shape {list(x.shape)}")
     n = x.shape[-1]
+    rng = np.random.default_rng(_PAIR_SEED_OFFSET + int(seed))
+    if n == 1 and x.ndim > 2:
+        if same_locations:
+            raise ValueError(
+                "same_locations=True needs two or more input channels: one channel, the same at every "
+                "location, gives two inputs whose cosine is +-1"
+            )
+        return _spin_pair(x, input_c, rng)
     if n < 2:
         raise ValueError(
-            f"example_input has {n} feature(s) per location (shape {list(x.shape)}): a pair at a cosine needs at "
-            "least 2; diagnose a flat [batch, features] input or one with several channels"
+            f"example_input has {n} feature(s) (shape {list(x.shape)}): a pair at a cosine needs at least 2"
         )
-    z = np.random.default_rng(_PAIR_SEED_OFFSET + int(seed)).standard_normal(x.shape)
+    z = rng.standard_normal(x.shape)
     spatial = tuple(range(1, x.ndim - 1))
     if same_locations and spatial:
         x = np.broadcast_to(x.mean(axis=spatial, keepdims=True), x.shape).copy()
@@ -53,6 +72,17 @@ def input_pair(example_input, input_c: float, *, same_locations: bool = False, s
     z = z / np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-30) * math.sqrt(n)
     x2 = input_c * x1 + math.sqrt(1.0 - input_c * input_c) * z
     return x1.astype(np.float32), x2.astype(np.float32)
+
+
+def _spin_pair(x: np.ndarray, input_c: float, rng: np.random.Generator):
+    """The pair of a one-channel input: signs of ``x``, and the same with a seeded share flipped."""
+    x1 = np.where(x >= 0, 1.0, -1.0)
+    flat = x1.reshape(x1.shape[0], -1)
+    flips = round((1.0 - input_c) / 2.0 * flat.shape[1])
+    order = rng.random(flat.shape).argsort(axis=1)[:, :flips]
+    x2 = flat.copy()
+    np.put_along_axis(x2, order, -np.take_along_axis(flat, order, axis=1), axis=1)
+    return x1.astype(np.float32), x2.reshape(x1.shape).astype(np.float32)
 
 
 def _q_and_c(y, half: int) -> tuple[float, float]:
@@ -108,15 +138,19 @@ def diagnose(model, solution, example_input, *, input_c: float = 0.5, same_locat
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     ext = extract(model)
-    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations)
+    one_channel = x1.ndim > 2 and x1.shape[-1] == 1
+    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations, one_channel=one_channel)
     values = _run(ext, np.concatenate([x1, x2]))
     half = x1.shape[0]
     ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
+    noise = stated_noise(ext.graph, predicted, int(half))
     rows = []
     for gid, p in predicted.items():
         if ops[gid] in SHOWN_OPS:
             q, c = _q_and_c(values[gid], half)
-            rows.append(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note))
+            rows.append(with_noise(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note), noise[gid]))
     c_global = interpolate(input_c, sol.c_map.c, sol.c_map.global_) if sol.c_map is not None else None
     scope = "location" if x1.ndim > 2 else "example"
-    return Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, int(half), rows, c_global, list(ext.warnings))
+    diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, int(half), rows, c_global, list(ext.warnings))
+    judge(diag, ext.graph)  # the first node off its prediction by more than its noise, with the likely cause
+    return diag
