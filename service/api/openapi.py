@@ -44,9 +44,10 @@ def request_body(model) -> dict:
 
 def template_rules() -> list[dict]:
     """JSON Schema branches of ``Template``, one per template (``engine.templates.TEMPLATES``): the
-    parameters it takes (any other must be absent or null), the ones it needs, and the values it
-    allows where they are a list (ResNet depths); what a list cannot say (DenseNet's 6n+4 depths,
-    sizes past the limits) stays the validator's 422 or 413."""
+    parameters it takes (any other must be absent or null), the ones it needs, the values it allows
+    where they are a list (ResNet depths) and the lengths of its arrays (an image's input_shape);
+    what a list cannot say (DenseNet's 6n+4 depths, sizes past the limits) stays the validator's
+    422 or 413."""
     branches = []
     for name, spec in TEMPLATES.items():
         params = {p["name"]: p for p in spec.parameters}
@@ -58,6 +59,9 @@ def template_rules() -> list[dict]:
             allowed = p.get("allowed")
             if allowed and all(isinstance(v, int) for v in allowed):
                 properties[field] = {"enum": list(allowed)} if p["required"] else {"enum": [*allowed, None]}
+            elif p.get("lengths"):
+                sizes = [{"type": "array", "minItems": n, "maxItems": n} for n in p["lengths"]]
+                properties[field] = {"anyOf": sizes if p["required"] else [*sizes, {"type": "null"}]}
             elif p["required"]:
                 properties[field] = {"not": {"type": "null"}}
         required = [field for field, p in params.items() if p["required"]]
