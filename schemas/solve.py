@@ -17,6 +17,16 @@ from .graph import Graph, Template
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
 Method = Literal["tat", "dks", "eoc", "sparse_eoc", "geometric"]
+# The targets each method reads (contract section 2's table; the engine's registry is built on it).
+# Any other target must be absent or null: the validator answers 422 invalid_target otherwise, and
+# the JSON Schema says the same (``_targets_by_method``), so a schema-valid request is one it takes.
+METHOD_TARGETS: dict[str, tuple[str, ...]] = {
+    "tat": ("eta", "tau"),
+    "dks": ("zeta", "local_q_slope"),
+    "eoc": ("q_star",),
+    "sparse_eoc": ("sparsity", "v_slope", "q_star"),
+    "geometric": (),
+}
 # strict like the graph's numbers (schemas/graph.py): "0.9" is refused, 1 is taken for 1.0
 FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-1e12, le=1e12)]
 
@@ -60,8 +70,23 @@ class TrainableOptions(BaseModel):
     )
 
 
+def _targets_by_method(schema: dict) -> None:
+    """JSON Schema of ``SolveRequest``: which targets each method takes, as ``METHOD_TARGETS`` says
+    (one branch per method; a target the method does not read may only be null)."""
+    names = list(Targets.model_fields)
+    schema["oneOf"] = [
+        {
+            "properties": {
+                "method": {"const": method},
+                "targets": {"properties": {t: {"type": "null"} for t in names if t not in used}},
+            }
+        }
+        for method, used in METHOD_TARGETS.items()
+    ]
+
+
 class SolveRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_targets_by_method)
 
     graph: Graph | Template
     method: Method

@@ -12,10 +12,19 @@ Baseline = Literal["he", "eoc", "plain"]
 JobStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
 
 
+def _one_source_schema(schema: dict) -> None:
+    """JSON Schema of ``ValidationRequest``: exactly one of ``solve`` and ``key``, as the validator
+    (``_one_source``) demands; the other may be absent or null."""
+    schema["oneOf"] = [
+        {"required": [given], "properties": {given: {"not": {"type": "null"}}, other: {"type": "null"}}}
+        for given, other in (("solve", "key"), ("key", "solve"))
+    ]
+
+
 class ValidationRequest(BaseModel):
     """Train the solved network (and baselines) on a dataset and check the theory against it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_source_schema)
 
     solve: SolveRequest | None = Field(default=None, description="a full /v1/solve request")
     key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(

@@ -57,24 +57,87 @@ def _locate(text) -> tuple[tuple, str]:
     return (), "?"
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object names a key twice. RFC 8259 leaves the meaning to each parser (Python's keeps
+    the last value, others the first), so such a request is refused rather than read one way."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _RepeatedKey()
+    return obj
+
+
+class _Repeated(dict):
+    """An object with a repeated key, while locating it (second, slow parse of a rejected body)."""
+
+    def __init__(self, pairs: list, key: str):
+        super().__init__(pairs)
+        self.key = key
+
+
+def _mark_repeats(pairs: list) -> dict:
+    seen: set = set()
+    for key, _value in pairs:
+        if key in seen:
+            return _Repeated(pairs, key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _locate_repeat(text) -> tuple[tuple, str]:
+    """Path and name of the first repeated key of a JSON text, in document order."""
+    data = json.loads(text, object_pairs_hook=_mark_repeats, parse_constant=_Marker, parse_float=float)
+    stack: list[tuple[tuple, object]] = [((), data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, _Repeated):
+            return path + (node.key,), node.key
+        if isinstance(node, dict):
+            stack.extend((path + (k,), v) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((path + (i,), v) for i, v in reversed(list(enumerate(node))))
+    return (), "?"
+
+
+def _repeated_key(text, hint: str, what: str) -> SigpropError:
+    try:
+        path, key = _locate_repeat(text)
+    except (ValueError, RecursionError) as exc:
+        return _not_json(exc, hint, what)
+    return SigpropError(
+        "invalid_request",
+        f"{error_path(path)}: {what} names the key {key!r} more than once in one object",
+        "send each key once: JSON parsers disagree on which of two values wins; " + hint,
+    )
+
+
 def load_json(text: bytes | str, hint: str, what: str = "the request body"):
     """``json.loads`` for untrusted input, as every entry point (HTTP and CLI) uses it.
 
     Rejects what Python's parser accepts beyond JSON: the constants ``NaN``, ``Infinity`` and
     ``-Infinity``, and numbers too large for a float (``1e400`` would parse to infinity), with
     ``invalid_target`` when they sit in the targets and ``invalid_request`` elsewhere. Nesting too
-    deep for the parser is invalid JSON, never a RecursionError.
+    deep for the parser is invalid JSON, never a RecursionError. An object that repeats a key is
+    refused too (``invalid_request``, naming where), so no two surfaces read it differently.
     """
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(
+            text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys
+        )
     except _NonFinite:
         pass
+    except _RepeatedKey:
+        raise _repeated_key(text, hint, what) from None
     except (ValueError, RecursionError) as exc:
         raise _not_json(exc, hint, what) from None
     try:
         path, spelling = _locate(text)
     except (ValueError, RecursionError) as exc:  # invalid JSON further on, after the first non-finite number
         raise _not_json(exc, hint, what) from None
+    if not path and spelling == "?":  # its value was overwritten by a repeated key's
+        raise _repeated_key(text, hint, what)
     where = error_path(path)
     message = f"{where}: {spelling} is not a finite number"
     if path[:1] == ("targets",) or path[:2] == ("solve", "targets"):

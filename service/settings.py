@@ -181,7 +181,7 @@ class Settings(NodeLimit):
     )
     rate_limit_failed_auth: str = Field(
         default="20/minute",
-        description="requests with a wrong API key per client address (over it: 429 before the key is checked)",
+        description="requests with a wrong API key per client address (over it: 429 for its wrong keys; a right key always passes)",
     )
 
     @model_validator(mode="after")

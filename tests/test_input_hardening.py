@@ -132,6 +132,53 @@ def test_cli_rejects_non_finite_numbers_on_stdin(monkeypatch, capsys):
     assert error["code"] == "invalid_request" and "c_map_points" in error["message"] and error["hint"]
 
 
+# -- a key repeated in one object ----------------------------------------------------------------------
+
+# {"method": "dks", "method": "tat"}: Python's parser keeps the last value, others the first, so
+# the same bytes must not be dks on one path and tat on another: they are refused everywhere.
+DKS_THEN_TAT = (
+    '{"graph": {"template": "mlp", "depth": 3, "width": 8}, "method": "dks", "method": "tat", '
+    '"activation": "leaky_relu", "targets": {"eta": 0.5}}'
+)
+
+
+def test_repeated_key_is_refused_over_http(client):
+    for _ in range(2):  # the second time too: nothing about it was remembered as an answer
+        err = rejected(client, "POST", SOLVE, DKS_THEN_TAT.encode(), 422, "invalid_request")
+        assert err["message"].startswith("method: ") and "'method' more than once" in err["message"], err
+        assert "send each key once" in err["hint"]
+    solved = json.dumps(mlp()).encode()
+    assert client.post(SOLVE, content=solved, headers={"content-type": "application/json"}).status_code == 200
+    repeated = solved.replace(b'"eta": 0.5', b'"eta": 0.5, "eta": 0.5')  # the same value twice: still refused
+    err = rejected(client, "POST", SOLVE, repeated, 422, "invalid_request")
+    assert "targets.eta" in err["message"]
+
+
+def test_repeated_key_deep_in_a_graph_or_a_validation(client):
+    nodes = [
+        {"id": "x", "op": "input", "shape": [4]},
+        {"id": "d", "op": "dense", "inputs": ["x"], "units": "@"},
+        {"id": "o", "op": "output", "inputs": ["d"]},
+    ]
+    body = raw({**mlp(), "graph": {"nodes": nodes}}, **{"@": '4, "units": 8'})
+    err = rejected(client, "POST", SOLVE, body, 422, "invalid_request")
+    assert "graph.nodes.1.units" in err["message"], err
+    body = raw({**validation(), "steps": "@"}, **{"@": '2, "steps": 3'})
+    err = rejected(client, "POST", VALIDATIONS, body, 422, "invalid_request", headers=bearer(KEY_ONE))
+    assert err["message"].startswith("steps: "), err
+    body = raw({**mlp(), "targets": {"eta": "@"}}, **{"@": 'NaN, "eta": 0.5'})  # a NaN overwritten: named too
+    assert "targets.eta" in rejected(client, "POST", SOLVE, body, 422, "invalid_request")["message"]
+
+
+def test_cli_refuses_a_repeated_key(tmp_path, capsys):
+    path = tmp_path / "req.json"
+    path.write_text(DKS_THEN_TAT)
+    assert cli.main(["solve", str(path)]) == 2
+    out, err = capsys.readouterr()
+    error = json.loads(err)["error"]
+    assert out == "" and error["code"] == "invalid_request" and "'method' more than once" in error["message"]
+
+
 def test_cli_rejects_deeply_nested_json(tmp_path, capsys):
     path = tmp_path / "deep.json"
     path.write_text("[" * 100_000 + "]" * 100_000)

@@ -19,13 +19,14 @@ from ..engine.solve import solve
 from ..schemas.solve import SolveRequest
 from ..settings import Settings, get_settings
 from ..storage import make_cache
-from .auth import KeyChecker
+from .auth import KeyChecker, check_keys
 from .coldpool import SolverPool
 from .deps import Offload, read_access
 from .handlers import install_error_handlers
 from .hothits import HotHitMiddleware
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging
 from .openapi import install_openapi
+from .proxies import apply_proxy_trust
 from .ratelimit import make_limits
 from .routers import V1_ROUTERS, health
 from .solutions import SolutionService
@@ -59,6 +60,9 @@ async def lifespan(app: FastAPI):
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     logger = configure_logging(settings.log_level)
+    # here, not in `sigprop serve`: `uvicorn --factory sigprop.api.app:create_app` builds the app too
+    check_keys(settings.api_keys)  # WeakKeys: no server with a guessable key
+    apply_proxy_trust(settings.trusted_proxies)  # before uvicorn wraps the app in its proxy headers
     app = FastAPI(
         title="sigprop",
         version=__version__,

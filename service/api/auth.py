@@ -16,6 +16,8 @@ import base64
 import binascii
 import hashlib
 import hmac
+import math
+from collections import Counter
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -57,31 +59,81 @@ def presented_key(request: Request):
 # keys a server refuses to start with: the examples the repository ships (.env.example) and the like
 EXAMPLE_KEYS = frozenset({"change-me", "changeme", "change_me", "secret", "password", "your-key-here", "api-key"})
 MIN_KEY_CHARS = 16
+# A random 16-character base64url key (96 bits) clears both bounds in all but 1 of 100,000 draws,
+# a random 32-hex-character one always; a 16-hex-character one (64 bits) fails the estimate in
+# about 1 draw of 7, hence the hint to generate a longer key.
+MIN_DISTINCT_CHARS = 8
+MIN_KEY_BITS = 48.0
+_GENERATE = "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+
+
+class WeakKeys(ValueError):
+    """SIGPROP_API_KEYS holds a key that must not protect a server (``create_app`` refuses to build one)."""
+
+
+def _period(key: str) -> int:
+    """The length of the shortest string whose repetition spells ``key`` (``len(key)`` when none)."""
+    n = len(key)
+    return next((p for p in range(1, n) if n % p == 0 and key[:p] * (n // p) == key), n)
+
+
+def estimated_bits(key: str) -> float:
+    """Estimated entropy of a key in bits: the length times the Shannon entropy of its character
+    frequencies, over the shortest unit it repeats ("passwordpassword" counts as "password").
+
+    For random keys this underestimates the real entropy slightly (a short sample shows fewer
+    symbols than its alphabet has), for keys people make up it overestimates it; it is a floor
+    that catches repetition and small alphabets, not a password-strength meter."""
+    unit = key[: _period(key)]
+    if not unit:
+        return 0.0
+    n = len(unit)
+    return sum(-c * math.log2(c / n) for c in Counter(unit).values())
 
 
 def weak_keys(keys_csv: str) -> str | None:
-    """Why ``sigprop serve`` must not start with these keys (an example key, or one shorter than
-    ``MIN_KEY_CHARS``), naming keys by position only; None when they are all acceptable."""
+    """Why a server must not start with these keys (an example key, one shorter than
+    ``MIN_KEY_CHARS``, with fewer than ``MIN_DISTINCT_CHARS`` distinct characters, or below
+    ``MIN_KEY_BITS`` of estimated entropy), naming keys by position only; None when they are all
+    acceptable."""
     keys = [k.strip() for k in keys_csv.split(",") if k.strip()]
     for i, key in enumerate(keys, start=1):
+        which = f"key {i} of {len(keys)}"
         if key.lower() in EXAMPLE_KEYS or key.lower().startswith("change-me"):
-            return (
-                f"key {i} of {len(keys)} is an example key (as in .env.example); set your own, e.g. "
-                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
-            )
+            return f"{which} is an example key (as in .env.example); set your own, {_GENERATE}"
         if len(key) < MIN_KEY_CHARS:
+            return f"{which} has {len(key)} characters; use at least {MIN_KEY_CHARS}, {_GENERATE}"
+        distinct = len(set(key))
+        if distinct < MIN_DISTINCT_CHARS:
             return (
-                f"key {i} of {len(keys)} has {len(key)} characters; use at least {MIN_KEY_CHARS}, e.g. "
-                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+                f"{which} has only {distinct} distinct characters (at least {MIN_DISTINCT_CHARS} are needed): "
+                f"it is easy to guess; use a random key, {_GENERATE}"
+            )
+        bits = estimated_bits(key)
+        if bits < MIN_KEY_BITS:
+            return (
+                f"{which} has about {bits:.0f} bits of estimated entropy (at least {MIN_KEY_BITS:.0f} are needed; "
+                f"repeated text and small alphabets count little): use a random key, {_GENERATE}"
             )
     return None
 
 
+def check_keys(keys_csv: str) -> None:
+    """Raise ``WeakKeys`` (its message names the setting and the fix) when ``weak_keys`` objects."""
+    weak = weak_keys(keys_csv)
+    if weak:
+        raise WeakKeys(f"SIGPROP_API_KEYS: {weak}")
+
+
 class KeyChecker:
-    """A FastAPI dependency: passes requests that carry one of ``keys_csv``, else 401/403. With
-    ``failures`` (a ``ratelimit.RateLimit`` per client address), wrong keys are counted, and a
-    client over that limit gets 429 for every keyed request, a right key included, so guessing
-    is bounded."""
+    """A FastAPI dependency: passes requests that carry one of ``keys_csv``, else 401/403.
+
+    With ``failures`` (a ``ratelimit.RateLimit`` per client address), wrong keys are counted, and
+    a client over that limit gets 429 for its wrong keys. A right key is compared first and always
+    passes: it is never counted, and never refused for failures, its own or anyone else's, so an
+    attacker without a key cannot lock out a user behind the same NAT or untrusted proxy. Guessing
+    stays bounded by the keys' strength (``weak_keys`` refuses fewer than ``MIN_KEY_BITS``), and a
+    client over the limit is told to back off with Retry-After instead of learning a 403."""
 
     def __init__(self, keys_csv: str, failures=None):
         self._digests = [digest(k.strip()) for k in keys_csv.split(",") if k.strip()]
@@ -127,17 +179,14 @@ class KeyChecker:
                 hint,
                 headers={"WWW-Authenticate": BASIC_REALM if browser else BEARER_REALM},
             )
-        address = f"addr:{request.client.host if request.client is not None else 'unknown'}"
+        if self._matches(key):  # before any limiter: a right key is never refused for failures
+            return
         if self.failures is not None:  # the limiter may talk to Redis: off the event loop
-            over = await run_in_threadpool(self.failures.exhausted, address)
-            if over is not None:
-                raise over
-        if not self._matches(key):
-            if self.failures is not None:
-                await run_in_threadpool(self.failures.check, address)  # 429 once over the limit
-            raise SigpropError(
-                "forbidden", "the API key is not valid here", "use a key listed in the server's SIGPROP_API_KEYS"
-            )
+            address = f"addr:{request.client.host if request.client is not None else 'unknown'}"
+            await run_in_threadpool(self.failures.check, address)  # 429 once over the limit
+        raise SigpropError(
+            "forbidden", "the API key is not valid here", "use a key listed in the server's SIGPROP_API_KEYS"
+        )
 
 
 async def open_access() -> None:

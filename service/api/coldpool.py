@@ -11,13 +11,23 @@ deadline, so at most ``size`` solves use CPU at a time, per API process.
 The processes come from a ``forkserver`` that has imported the engine already, so a replacement
 starts in milliseconds rather than importing numpy and the engine again, and no process is forked
 from the API's threads.
+
+A solver process dies with the API process that owns it, even one killed with SIGKILL (which runs
+no cleanup): the deadline lives in the API process, so an orphan would solve on unbounded. Its
+parent is the forkserver, which exits as soon as the API process is gone (its pipe from the API
+reaches EOF); the solver asks Linux for SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``),
+and a watchdog thread, for other systems and for the moment before the ``prctl``, checks every
+``WATCHDOG_S`` that its parent and the API process are still there.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -27,6 +37,8 @@ from ..errors import SigpropError
 log = logging.getLogger("sigprop")
 _PRELOAD = ["sigprop.api.solver_preload"]
 SOLVER_NICE = 5  # CFS weight 335 against the API's 1024: the API wins, solves do not starve beside other work
+WATCHDOG_S = 0.5  # how often a solver process checks that its owner is alive
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def solve_request(data: dict | bytes) -> str:
@@ -39,9 +51,68 @@ def solve_request(data: dict | bytes) -> str:
     return solve_canonical(prepare(parse_solve_request(data))).to_json()
 
 
-def _serve(conn) -> None:
-    """A worker process: answer ``(fn, args)`` jobs until the pipe closes. It runs at a lower CPU
-    priority than the API, so cold solves take the CPU the API processes leave, never the reverse."""
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup to run: the work is the owner's, and it is gone
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (killed, not yet reaped by its parent) does not."""
+    try:
+        os.kill(pid, 0)
+    except OSError:  # gone, or the pid reused by another user's process
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[:1]
+    except (OSError, IndexError):  # no /proc: the signal check is all there is
+        return True
+    return state not in ([b"Z"], [b"X"])
+
+
+def _release_forkserver() -> None:
+    """Close this process's copy of the forkserver's keep-alive pipe. multiprocessing hands it to
+    every process the forkserver starts, so the forkserver lives while any of them does; a solver
+    starts no process, and without its copy the forkserver ends with the API process (its pipe's
+    last writer), which is what fires this process's PR_SET_PDEATHSIG."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def _watch(parent: int, owner: int) -> None:
+    while True:
+        time.sleep(WATCHDOG_S)
+        if os.getppid() != parent or not _alive(owner):
+            _kill_self()
+
+
+def die_with_owner(owner: int) -> None:
+    """Make this process (a solver) end when its parent or ``owner`` (the API process) ends."""
+    _release_forkserver()
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no libc to call: the watchdog alone
+            pass
+    if os.getppid() != parent or not _alive(owner):  # gone before the prctl took effect
+        _kill_self()
+    threading.Thread(target=_watch, args=(parent, owner), name="sigprop-solver-watchdog", daemon=True).start()
+
+
+def _serve(conn, owner: int | None = None) -> None:
+    """A worker process: answer ``(fn, args)`` jobs until the pipe closes, or until ``owner`` (the
+    API process) dies. It runs at a lower CPU priority than the API, so cold solves take the CPU the
+    API processes leave, never the reverse."""
+    if owner is not None:
+        die_with_owner(owner)
     try:
         os.nice(SOLVER_NICE)
     except OSError:
@@ -63,7 +134,7 @@ def _serve(conn) -> None:
 class _Worker:
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="sigprop-solver")
+        self.proc = ctx.Process(target=_serve, args=(child, os.getpid()), daemon=True, name="sigprop-solver")
         self.proc.start()
         child.close()
 

@@ -11,6 +11,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from ..engine.templates import TEMPLATES
+from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse, SolveRequest
 from ..schemas.validation import ValidationRequest
 from .openapi_docs import document_operations
@@ -40,6 +42,33 @@ def request_body(model) -> dict:
     }
 
 
+def template_rules() -> list[dict]:
+    """JSON Schema branches of ``Template``, one per template (``engine.templates.TEMPLATES``): the
+    parameters it takes (any other must be absent or null), the ones it needs, the values it allows
+    where they are a list (ResNet depths) and the lengths of its arrays (an image's input_shape);
+    what a list cannot say (DenseNet's 6n+4 depths, sizes past the limits) stays the validator's
+    422 or 413."""
+    branches = []
+    for name, spec in TEMPLATES.items():
+        params = {p["name"]: p for p in spec.parameters}
+        properties: dict = {"template": {"const": name}}
+        for field in Template.model_fields:
+            if field != "template" and field not in params:
+                properties[field] = {"type": "null"}
+        for field, p in params.items():
+            allowed = p.get("allowed")
+            if allowed and all(isinstance(v, int) for v in allowed):
+                properties[field] = {"enum": list(allowed)} if p["required"] else {"enum": [*allowed, None]}
+            elif p.get("lengths"):
+                sizes = [{"type": "array", "minItems": n, "maxItems": n} for n in p["lengths"]]
+                properties[field] = {"anyOf": sizes if p["required"] else [*sizes, {"type": "null"}]}
+            elif p["required"]:
+                properties[field] = {"not": {"type": "null"}}
+        required = [field for field, p in params.items() if p["required"]]
+        branches.append({"properties": properties, **({"required": required} if required else {})})
+    return branches
+
+
 def install_openapi(app: FastAPI) -> None:
     """Make ``app.openapi()`` add the raw-body request models and their parts to the components."""
 
@@ -51,6 +80,7 @@ def install_openapi(app: FastAPI) -> None:
                 request_schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
                 components.update(request_schema.pop("$defs", {}))
                 components[model.__name__] = request_schema
+            components["Template"]["oneOf"] = template_rules()  # the engine's table: not in schemas/
             document_operations(schema)  # a description and an example request per operation
             app.openapi_schema = schema
         return app.openapi_schema

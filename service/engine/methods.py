@@ -17,6 +17,7 @@ import numpy as np
 from .. import ENGINE_VERSION
 from ..errors import SigpropError
 from ..schemas.solve import (
+    METHOD_TARGETS,
     ActivationParams,
     CMapSample,
     FixedPoint,
@@ -588,11 +589,10 @@ def _other_roots(m: MethodInput, per: list[_Local]) -> list | None:
 
 
 METHODS: dict[str, Method] = {
-    "tat": Method(("eta", "tau"), True, _tat),
-    "dks": Method(("zeta", "local_q_slope"), True, _dks),
-    "eoc": Method(("q_star",), True, _eoc),
-    "sparse_eoc": Method(("sparsity", "v_slope", "q_star"), True, _sparse_eoc),
+    "tat": Method(METHOD_TARGETS["tat"], True, _tat),
+    "dks": Method(METHOD_TARGETS["dks"], True, _dks),
+    "eoc": Method(METHOD_TARGETS["eoc"], True, _eoc),
+    "sparse_eoc": Method(METHOD_TARGETS["sparse_eoc"], True, _sparse_eoc),
     # geometric initialization states its own assumptions (GR paper Table 1)
-    "geometric": Method((), False, _geometric),
+    "geometric": Method(METHOD_TARGETS["geometric"], False, _geometric),
 }
-METHOD_TARGETS = {name: m.targets for name, m in METHODS.items()}

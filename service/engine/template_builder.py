@@ -30,10 +30,13 @@ def _param(
     allowed: list | None = None,
     minimum: float | None = None,
     maximum: float | None = None,
+    lengths: list[int] | None = None,
 ) -> dict:
     p: dict[str, Any] = {"name": name, "type": type_, "required": required, "default": default}
     if allowed is not None:
         p["allowed"] = allowed
+    if lengths is not None:  # the list lengths an array parameter may have (the OpenAPI schema states them)
+        p["lengths"] = lengths
     if minimum is not None:
         p["minimum"] = minimum
     if maximum is not None:

@@ -180,7 +180,7 @@ _MLP_PARAMETERS = (
     ),
     _param("width", "integer", "units of every hidden dense layer", default=512, minimum=1),
     _param(
-        "input_shape", "array of integers", "[features] or [channels, height, width]; default [width]", default=None
+        "input_shape", "array of integers", "[features] or [channels, height, width]; default [width]", lengths=[1, 3]
     ),
     _param("classes", "integer", "units of the last dense layer", default=10, minimum=1),
     _BIAS,
@@ -226,7 +226,7 @@ _CNN_DESCRIPTION = (
 _CNN_PARAMETERS = (
     _param("depth", "integer", "number of conv + activation layers", required=True, minimum=1, maximum=_DEPTH_LIMIT),
     _param("width", "integer", "channels of every conv layer", default=64, minimum=1),
-    _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 32, 32]),
+    _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 32, 32], lengths=[3]),
     _param("classes", "integer", "units of the last dense layer", default=10, minimum=1),
     _BIAS,
 )
@@ -279,7 +279,7 @@ _RESNET_PARAMETERS = (
         minimum=0.0,
         maximum=1.0,
     ),
-    _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 224, 224]),
+    _param("input_shape", "array of integers", "[channels, height, width]", default=[3, 224, 224], lengths=[3]),
     _param("classes", "integer", "units of the logits layer", default=1000, minimum=1),
     _BIAS,
 )
@@ -393,7 +393,7 @@ _DENSENET_PARAMETERS = (
         "input_shape",
         "array of integers",
         "[channels, height, width]; default [3, 224, 224] (ImageNet depths) or [3, 32, 32] (CIFAR)",
-        default=None,
+        lengths=[3],
     ),
     _param(
         "classes",
@@ -518,7 +518,7 @@ def describe_templates() -> list[dict]:
     with keys ``name``, ``description`` and ``parameters``; each parameter has ``name``, ``type``,
     ``required``, ``default`` (``None`` when required or when it depends on other parameters, as
     the parameter's ``description`` says) and, where they apply, ``allowed``, ``minimum``,
-    ``maximum``.
+    ``maximum`` and ``lengths`` (the list lengths an array may have).
     """
     return [spec.describe() for spec in TEMPLATES.values()]
 
