@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from ..schemas.graph import OPS, Graph
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
+from ..schemas.structure import wire_structure
 
 __all__ = [
     "LayerDiagnosis",
@@ -171,6 +172,9 @@ class _Predictor:
         self.shapes = infer_shapes(Graph.model_validate(graph))
         self.mixed = bool(sol.activations) and len(sol.activations) > 1
         self.q_act = sol.q_1 if sol.q_1 is not None else 1.0
+        # sums an atom reaches through several paths mix over atoms, not inputs (schemas.atoms)
+        self.shared = _shared_sums(graph) if sol.sum_scales else {}
+        self.seen: dict[str, Prediction] = {}
 
     def node(self, nd: dict, ins: list[Prediction]) -> Prediction:
         op, nid = nd["op"], nd["id"]
@@ -180,6 +184,8 @@ class _Predictor:
             return self.affine(nid, ins[0])
         if op == "activation":
             return self.activation(ins[0])
+        if op == "sum" and nid in self.shared:
+            return _mix([(c * c, self.seen[a]) for a, c in self.shared[nid].items()])
         if op == "sum":
             weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
             return _mix([(w * w, p) for w, p in zip(weights, ins, strict=True)])
@@ -208,6 +214,12 @@ class _Predictor:
         return Prediction(self.q_act, interpolate(p.c, cm.c, cm.local) if p.c is not None else None, p.note)
 
 
+def _shared_sums(graph: dict) -> dict[str, dict[str, float]]:
+    """Sum id -> {atom id: coefficient, with the answer's sum scales} for the sums of shared atoms."""
+    ids, report = wire_structure(Graph.model_validate(graph))
+    return {ids[v]: {ids[a]: c for a, c in report.atoms.expansions[v].items()} for v in report.shared_sums}
+
+
 def predict(graph: dict, sol: Solution, input_c: float, *, same_locations: bool, unmodelled=()) -> dict:
     """Graph id -> :class:`Prediction` of every node, for inputs at q = 1 and cosine ``input_c``.
 
@@ -215,7 +227,7 @@ def predict(graph: dict, sol: Solution, input_c: float, *, same_locations: bool,
     them as the identity): they and what follows them get no prediction."""
     check_solution(sol)
     walker = _Predictor(graph, sol, set(unmodelled))
-    out: dict[str, Prediction] = {}
+    out: dict[str, Prediction] = walker.seen
     for nd in graph["nodes"]:
         ins = [out[i] for i in nd.get("inputs", [])]
         if nd["op"] == "input":

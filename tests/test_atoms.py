@@ -288,3 +288,21 @@ def test_feature_sum_is_refused_by_the_service_and_warned_on_request():
     assert err.value.code == "unsupported_structure"
     ans = _solve(nodes, assumptions="warn")
     assert not ans.assumptions.holds and ans.assumptions.violations == ["s"]
+
+
+def test_diagnose_predicts_shared_sums_atom_by_atom():
+    """The client's per-node predictions (what ``diagnose`` compares against) mix a shared sum over
+    its atoms with the answer's sum scales: q = 1 there, and C at the output is the answer's C map."""
+    from sigprop.client.diagnosis import predict
+
+    nodes = [X, d("x1", "x"), act("a", "x1"), d("f", "a")]
+    nodes += [
+        {"id": "inner", "op": "sum", "inputs": ["x1", "f"]},
+        {"id": "outer", "op": "sum", "inputs": ["x1", "inner"]},
+        out("outer"),
+    ]
+    ans = _solve(nodes)
+    pred = predict(_wire(nodes), ans, 0.5, same_locations=True)
+    assert pred["outer"].q == pytest.approx(1.0, abs=1e-9)
+    i = ans.c_map.c.index(0.5)
+    assert pred["out"].c == pytest.approx(ans.c_map.global_[i], abs=1e-6)
