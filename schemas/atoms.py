@@ -88,29 +88,29 @@ def _consumers(inputs: Sequence[Sequence[int]]) -> list[list[int]]:
 def _carries(ops: Sequence[str], consumers: list[list[int]]) -> list[bool]:
     """Whether a node's value enters a linear combination that the pass tracks: it feeds a linear
     node (sum, concat, pass-through) or an activation, rather than only weighted layers."""
-    carries = [False] * len(ops)
-    for v in range(len(ops) - 1, -1, -1):
-        carries[v] = any(ops[w] not in _ATOM for w in consumers[v])
-    return carries
+    weighted = [op in _ATOM for op in ops]
+    return [not all(weighted[w] for w in out) for out in consumers]
 
 
-def private_nodes(ops: Sequence[str], inputs: Sequence[Sequence[int]]) -> list[bool]:
+def private_nodes(
+    ops: Sequence[str], inputs: Sequence[Sequence[int]], consumers: list[list[int]] | None = None
+) -> list[bool]:
     """Node v is private when every node of its correlation cone (what it is a linear function of,
     through linear ops and activations, back to dense/conv/input atoms) reaches the rest of the graph
     through v alone: then no later node can see its atoms but through v, and v can be one atom.
     One pass in topological order: v is private if each input is private (atoms are) and read by
     nothing else that carries correlation."""
-    consumers = _consumers(inputs)
+    consumers = _consumers(inputs) if consumers is None else consumers
     carries = _carries(ops, consumers)
 
-    def tracked(u: int) -> int:  # edges out of u along which correlation travels
-        return sum(1 for w in consumers[u] if ops[w] not in _ATOM and (ops[w] != "activation" or carries[w]))
-
+    # edges out of each node along which correlation travels
+    travels = [op not in _ATOM and (op != "activation" or c) for op, c in zip(ops, carries, strict=True)]
+    tracked = [sum(travels[w] for w in out) for out in consumers]
     private = [True] * len(ops)
     for v, op in enumerate(ops):
         if op in _ATOM or op == "input":
             continue
-        private[v] = all(private[i] and tracked(i) <= 1 for i in inputs[v])
+        private[v] = all(private[i] and tracked[i] <= 1 for i in inputs[v])
     return private
 
 
@@ -133,7 +133,10 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
     """Write each node (in topological order: ``inputs`` name earlier nodes) as coefficients over
     atoms. ``weights[v]``: a sum's weights (None: 1/sqrt(n) each), ignored for other nodes."""
     n = len(ops)
-    private = private_nodes(ops, inputs)
+    if not any(op in _LINEAR for op in ops):
+        return _chain_pass(ops, inputs)
+    consumers = _consumers(inputs)
+    private = private_nodes(ops, inputs, consumers)
     bound = expansion_bound(ops, inputs, private)
     if bound > MAX_TERMS:
         raise SigpropError(
@@ -141,6 +144,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             f"the graph's shared streams need up to {bound} coefficients to analyse (limit {MAX_TERMS})",
             "add weighted layers on the branches that copy one stream into many sums, or split the graph",
         )
+    carries = _carries(ops, consumers)
     exp: list[dict] = [{}] * n
     witness: list[tuple[int, int | None] | None] = [None] * n
     # atoms correlated with an atom beyond itself (a feature: what its input is made of); empty
@@ -159,7 +163,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             exp[v] = {v: 1.0}
             witness[v] = (v, None)
             feature[v] = True
-            if op == "activation":
+            if op == "activation" and carries[v]:  # its output enters a combination: who it is correlated with
                 reach[v] = _support(exp[ins[0]], reach)
             continue
         if op == "sum":
@@ -201,6 +205,20 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             feature[v] = witness[v] is not None
             exp[v] = {v: 1.0}  # its cone is its own: one atom from here on
     return AtomPass(tuple(exp), tuple(witness), scales, frozenset(shared), tuple(bad), tuple(private))
+
+
+def _chain_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]]) -> AtomPass:
+    """The pass of a graph with no sum or concatenation: nothing combines, so every node is one
+    atom (or a copy of one) and only the witnesses matter; ``expansions`` and ``private`` are left
+    empty (nothing reads them without a sum). A plain loop: an MLP of 100,000 nodes is a cold
+    request's common case."""
+    witness: list[tuple[int, int | None] | None] = [None] * len(ops)
+    for v, op in enumerate(ops):
+        if op in _FEATURE:
+            witness[v] = (v, None)
+        elif op not in _ATOM:
+            witness[v] = witness[inputs[v][0]]
+    return AtomPass((), tuple(witness), {}, frozenset(), (), ())
 
 
 def _support(expansion: dict, reach: dict) -> frozenset:

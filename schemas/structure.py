@@ -101,7 +101,9 @@ def structure_report(nodes: Sequence) -> StructureReport:
     architectures, bounded before it starts). ``nodes``: in topological order, each with ``op``,
     ``inputs`` (indices) and, for sums and dropout, ``attrs`` (``weights``, ``rate``)."""
     ops = tuple(nd.op for nd in nodes)
-    found = atom_pass(ops, [nd.inputs for nd in nodes], [_attrs(nd).get("weights") for nd in nodes])
+    found = atom_pass(
+        ops, [nd.inputs for nd in nodes], [_attrs(nd).get("weights") if nd.op == "sum" else None for nd in nodes]
+    )
     violations = []
     for index, nd in enumerate(nodes):
         if nd.op == "activation" and found.witness[nd.inputs[0]] is not None:
@@ -117,7 +119,7 @@ def structure_report(nodes: Sequence) -> StructureReport:
         sum_scales=found.scales,
         shared_sums=found.shared,
         atoms=found,
-        dropouts=tuple(i for i, nd in enumerate(nodes) if nd.op == "dropout" and _attrs(nd).get("rate", 0.0) > 0),
+        dropouts=tuple(i for i, op in enumerate(ops) if op == "dropout" and _attrs(nodes[i]).get("rate", 0.0) > 0),
     )
 
 
