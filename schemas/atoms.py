@@ -55,12 +55,15 @@ _FEATURE = ("input", "activation")
 @dataclass(frozen=True)
 class BadSum:
     """A sum with no exact Gaussian description: ``feature`` (a feature atom in it) is correlated
-    with ``partner`` (another atom of the sum), or ``partner`` is a second feature (``second``)."""
+    with ``partner`` (another atom of the sum), or ``partner`` is a second feature (``second``);
+    with ``concat``, neither is a feature: a concatenation shares atoms with another term, and its
+    per-coordinate correlations are not modelled."""
 
     node: int
     feature: int
     partner: int
     second: bool
+    concat: bool = False
 
 
 @dataclass(frozen=True)
@@ -240,5 +243,5 @@ def _bad_sum(v: int, acc: dict, feature: list[bool], reach: dict) -> BadSum | No
         for b in acc:
             if b != a and (b in hidden or hidden & reach.get(b, frozenset())):
                 f = a if feature[a] else b
-                return BadSum(v, f, b if f == a else a, False)
+                return BadSum(v, f, b if f == a else a, False, not (feature[a] or feature[b]))
     return None

@@ -209,6 +209,12 @@ def _sum_cause(ids: Sequence[str], report: StructureReport, b: BadSum) -> tuple[
     """(what happens at this sum, the fix) for a sum with no exact Gaussian description."""
     node, feat, other = ids[b.node], ids[b.feature], ids[b.partner]
     what = "the network input" if report.ops[b.feature] == "input" else f"the post-activation feature {feat!r}"
+    if b.concat:
+        why = (
+            f"sum {node!r} adds concatenation {feat!r} and {other!r}, which share atoms: the correlation of "
+            "each concatenated part with the other term is not modelled"
+        )
+        return why, "put a weighted layer on one of the two branches before the sum"
     if b.second:
         why = (
             f"sum {node!r} adds {what} and another non-Gaussian term {other!r}: their means multiply into its "

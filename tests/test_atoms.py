@@ -306,3 +306,19 @@ def test_diagnose_predicts_shared_sums_atom_by_atom():
     assert pred["outer"].q == pytest.approx(1.0, abs=1e-9)
     i = ans.c_map.c.index(0.5)
     assert pred["out"].c == pytest.approx(ans.c_map.global_[i], abs=1e-6)
+
+
+def test_a_concatenation_sharing_atoms_with_another_term_is_named_as_such():
+    nodes = [X, d("a", "x"), d("b", "x"), d("c", "x")]
+    nodes += [
+        {"id": "ab", "op": "concat", "inputs": ["a", "b"]},
+        {"id": "ac", "op": "concat", "inputs": ["a", "c"]},
+        {"id": "s", "op": "sum", "inputs": ["ab", "ac"]},
+        out("s"),
+    ]
+    ids, report = _report(nodes)
+    (bad,) = report.bad_sums
+    assert bad.concat and ids[bad.node] == "s"
+    with pytest.raises(SigpropError) as err:
+        check_structure(ids, report, "strict")
+    assert "concatenation" in err.value.message and "feature" not in err.value.message.split(";")[0]
