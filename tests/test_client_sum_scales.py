@@ -75,3 +75,31 @@ def test_jax_sum_weights_multiply_the_graph_weights_by_the_scales():
     }
     sol = _solve(graph)
     assert sum_weights(sol, graph) == {"s": pytest.approx([0.6 / 1.4, 0.8 / 1.4])}
+
+
+def test_validation_worker_applies_sum_scales_under_module_paths():
+    """The worker builds the graph's network, extracts it and applies the answer by module path:
+    the answer's ``sum_scales`` travel with the translated ids."""
+    torch = pytest.importorskip("torch")
+    from sigprop.engine.graph import build_graph
+    from sigprop.schemas.graph import Graph
+    from sigprop.worker.models import build_solved
+
+    graph = {
+        "schema": "sigprop.graph/v1",
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [16]},
+            {"id": "z", "op": "dense", "inputs": ["x"], "units": 32},
+            {"id": "c", "op": "identity", "inputs": ["z"]},
+            {"id": "s", "op": "sum", "inputs": ["z", "c"]},
+            {"id": "a", "op": "activation", "inputs": ["s"]},
+            {"id": "head", "op": "dense", "inputs": ["a"], "units": 10},
+            {"id": "out", "op": "output", "inputs": ["head"]},
+        ],
+    }
+    sol = _solve(graph)
+    assert sol.sum_scales == {"s": pytest.approx(1 / math.sqrt(2))}
+    net = build_graph(Graph.model_validate(graph), default_activation="softplus")
+    built = build_solved(net, sol, 10, torch.randn(4, 16), seed=0)
+    (change,) = built.report.sums
+    assert change.source == "graph x sum_scales" and change.weights == pytest.approx([0.5, 0.5])
