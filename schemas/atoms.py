@@ -148,6 +148,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             "add weighted layers on the branches that copy one stream into many sums, or split the graph",
         )
     carries = _carries(ops, consumers)
+    held = 0  # atoms held in ``reach`` sets: bounded as they grow (the integer pass counts coefficients)
     exp: list[dict] = [{}] * n
     witness: list[tuple[int, int | None] | None] = [None] * n
     # atoms correlated with an atom beyond itself (a feature: what its input is made of); empty
@@ -168,6 +169,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             feature[v] = True
             if op == "activation" and carries[v]:  # its output enters a combination: who it is correlated with
                 reach[v] = _support(exp[ins[0]], reach)
+                held = _hold(held, reach[v], bound)
             continue
         if op == "sum":
             ws = weights[v] or [1.0 / math.sqrt(len(ins))] * len(ins)
@@ -196,6 +198,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             exp[v] = {v: 1.0}
             if not private[v]:
                 reach[v] = frozenset().union(*(_support(exp[i], reach) for i in ins))
+                held = _hold(held, reach[v], bound)
         else:  # pass-through: flatten, dropout, identity, pooling, output
             exp[v] = exp[ins[0]]
             witness[v] = witness[ins[0]]
@@ -222,6 +225,17 @@ def _chain_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]]) -> AtomPass
         elif op not in _ATOM:
             witness[v] = witness[inputs[v][0]]
     return AtomPass((), tuple(witness), {}, frozenset(), (), ())
+
+
+def _hold(held: int, added: frozenset, bound: int) -> int:
+    held += len(added)
+    if bound + held > MAX_TERMS:
+        raise SigpropError(
+            "graph_too_large",
+            f"the graph's post-activation features are correlated with more than {MAX_TERMS} atoms in all",
+            "add weighted layers after the activations whose outputs are added into sums or activations",
+        )
+    return held
 
 
 def _support(expansion: dict, reach: dict) -> frozenset:

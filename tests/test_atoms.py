@@ -322,3 +322,18 @@ def test_a_concatenation_sharing_atoms_with_another_term_is_named_as_such():
     with pytest.raises(SigpropError) as err:
         check_structure(ids, report, "strict")
     assert "concatenation" in err.value.message and "feature" not in err.value.message.split(";")[0]
+
+
+def test_correlated_features_are_bounded_too(monkeypatch):
+    """x_k = sum(x_{k-1}, act(x_{k-1})): every feature is correlated with every atom before it; the
+    sets that say so count against the same limit."""
+    n = Net()
+    x = n.add("dense", 0)
+    for _ in range(30):
+        x = n.add("sum", x, n.add("activation", x))
+    assert len(n.run().bad_sums) == 30
+    bound = atoms.expansion_bound(n.ops, n.ins, atoms.private_nodes(n.ops, n.ins))
+    monkeypatch.setattr(atoms, "MAX_TERMS", bound + 50)  # the coefficients fit; the reach sets do not
+    with pytest.raises(SigpropError) as err:
+        n.run()
+    assert err.value.code == "graph_too_large" and "post-activation features" in err.value.message
