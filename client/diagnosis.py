@@ -217,7 +217,7 @@ class _Predictor:
 def _shared_sums(graph: dict) -> dict[str, dict[str, float]]:
     """Sum id -> {atom id: coefficient, with the answer's sum scales} for the sums of shared atoms."""
     ids, report = wire_structure(Graph.model_validate(graph))
-    return {ids[v]: {ids[a]: c for a, c in report.atoms.expansions[v].items()} for v in report.shared_sums}
+    return {ids[v]: {ids[a]: c for a, c in report.atoms.mixes[v].items()} for v in report.shared_sums}
 
 
 def predict(graph: dict, sol: Solution, input_c: float, *, same_locations: bool, unmodelled=()) -> dict:

@@ -30,9 +30,10 @@ by the contract's input convention), so the sum is the normalized sum the method
 engine's C map composes it atom by atom (``SumStep``).
 
 Cost: a node whose correlation cone is private (every node in it reaches the rest of the graph
-through it alone: a residual stream of a pre-activation ResNet, any tree of sums) becomes an atom
-itself, so expansions stay small; ``expansion_bound`` bounds the work in one integer pass before any
-dictionary is built (``MAX_TERMS``).
+through it alone: a residual stream of a pre-activation ResNet, any tree of sums, a stream after
+a shared sum has closed again) becomes an atom itself, so expansions stay small;
+``expansion_bound`` bounds the work in one integer pass before any dictionary is built
+(``MAX_TERMS``).
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ class BadSum:
 
 @dataclass(frozen=True)
 class AtomPass:
-    # node -> {atom node: coefficient}, with the prescribed sum scales applied
+    # node -> {atom node: coefficient}, with the prescribed sum scales applied, as later nodes see it
+    # (a private node is an atom of its own: {node: 1})
     expansions: tuple[dict, ...]
+    # sum node -> its combination over the atoms before it, scales applied (what q and C mix)
+    mixes: dict[int, dict]
     # node -> None if Gaussian, else (the feature reaching it, the sum/concat it passed or None)
     witness: tuple[tuple[int, int | None] | None, ...]
     # sum node -> the factor on its weights that restores the normalized sum (only where it is not 1)
@@ -101,19 +105,51 @@ def private_nodes(
     """Node v is private when every node of its correlation cone (what it is a linear function of,
     through linear ops and activations, back to dense/conv/input atoms) reaches the rest of the graph
     through v alone: then no later node can see its atoms but through v, and v can be one atom.
-    One pass in topological order: v is private if each input is private (atoms are) and read by
-    nothing else that carries correlation."""
+
+    "Reaches through v alone" is post-dominance in the graph of the edges correlation travels
+    along (into linear nodes, and into activations whose output enters a combination): v is private
+    iff it post-dominates its whole cone, i.e. iff the lowest common post-dominator P(v) of its cone
+    is v itself, and P(v) = LCA(v, P(i) over its tracked inputs i). Post-dominators as in
+    ``engine.subnetworks`` (a reverse pass, climbing by depth), so about linear for the usual
+    graphs: a pre-activation residual stream, a tree of sums, and a stream after a shared sum has
+    closed again are all private."""
+    n = len(ops)
     consumers = _consumers(inputs) if consumers is None else consumers
     carries = _carries(ops, consumers)
-
-    # edges out of each node along which correlation travels
     travels = [op not in _ATOM and (op != "activation" or c) for op, c in zip(ops, carries, strict=True)]
-    tracked = [sum(travels[w] for w in out) for out in consumers]
-    private = [True] * len(ops)
+    exit_ = n
+    ipdom = [exit_] * n
+    depth = [0] * (n + 1)  # the exit is the root, depth 0; nodes below it from 1
+
+    def lca(a: int, b: int) -> int:
+        while a != b:
+            if depth[a] >= depth[b]:
+                a = ipdom[a] if a != exit_ else a
+            else:
+                b = ipdom[b] if b != exit_ else b
+        return a
+
+    for u in range(n - 1, -1, -1):
+        d = -1
+        for w in consumers[u]:
+            if travels[w]:
+                d = w if d == -1 else lca(d, w)
+                if d == exit_:
+                    break
+        ipdom[u] = exit_ if d == -1 else d
+        depth[u] = depth[ipdom[u]] + 1
+    low = list(range(n))  # P(v): the lowest common post-dominator of v's cone
+    private = [True] * n
     for v, op in enumerate(ops):
         if op in _ATOM or op == "input":
             continue
-        private[v] = all(private[i] and tracked[i] <= 1 for i in inputs[v])
+        if op == "activation" and not carries[v]:
+            continue  # its output only meets fresh weights: the cone ends here
+        p = v
+        for i in inputs[v]:
+            p = lca(p, low[i])
+        low[v] = p
+        private[v] = p == v
     return private
 
 
@@ -148,6 +184,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             "add weighted layers on the branches that copy one stream into many sums, or split the graph",
         )
     carries = _carries(ops, consumers)
+    mixes: dict[int, dict] = {}
     held = 0  # atoms held in ``reach`` sets: bounded as they grow (the integer pass counts coefficients)
     exp: list[dict] = [{}] * n
     witness: list[tuple[int, int | None] | None] = [None] * n
@@ -191,7 +228,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             found = _bad_sum(v, acc, feature, reach)
             if found is not None:
                 bad.append(found)
-            exp[v] = acc
+            exp[v] = mixes[v] = acc
         elif op == "concat":
             # a concatenation is one atom (its coordinates come from different parts, so its kernel
             # is their width-weighted average); what it is made of stays visible through ``reach``
@@ -210,7 +247,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
         if private[v] and op == "sum":
             feature[v] = witness[v] is not None
             exp[v] = {v: 1.0}  # its cone is its own: one atom from here on
-    return AtomPass(tuple(exp), tuple(witness), scales, frozenset(shared), tuple(bad), tuple(private))
+    return AtomPass(tuple(exp), mixes, tuple(witness), scales, frozenset(shared), tuple(bad), tuple(private))
 
 
 def _chain_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]]) -> AtomPass:
@@ -224,7 +261,7 @@ def _chain_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]]) -> AtomPass
             witness[v] = (v, None)
         elif op not in _ATOM:
             witness[v] = witness[inputs[v][0]]
-    return AtomPass((), tuple(witness), {}, frozenset(), (), ())
+    return AtomPass((), {}, tuple(witness), {}, frozenset(), (), ())
 
 
 def _hold(held: int, added: frozenset, bound: int) -> int:

@@ -40,7 +40,7 @@ def test_a_copy_through_a_pass_through_op_adds_its_coefficients(copy):
     z = n.add("dense", 0)
     s = n.add("sum", z, n.add(copy, z))
     p = n.run()
-    assert p.expansions[s] == pytest.approx({z: 1.0})  # (1/sqrt2 + 1/sqrt2) z, rescaled by 1/sqrt2
+    assert p.mixes[s] == pytest.approx({z: 1.0})  # (1/sqrt2 + 1/sqrt2) z, rescaled by 1/sqrt2
     assert p.scales == {s: pytest.approx(R)} and p.shared == {s}
     assert not p.bad_sums
 
@@ -56,8 +56,8 @@ def test_nested_sum_has_the_issue_s_closed_form():
     q = (R + 0.5) ** 2 + 0.25
     assert q == pytest.approx(1.7071, abs=1e-4)
     assert p.scales == {outer: pytest.approx(1 / math.sqrt(q))}
-    assert p.expansions[outer] == pytest.approx({x1: (R + 0.5) / math.sqrt(q), f: 0.5 / math.sqrt(q)})
-    assert p.expansions[inner] == pytest.approx({x1: R, f: R})  # no shared atom: the weights stand
+    assert p.mixes[outer] == pytest.approx({x1: (R + 0.5) / math.sqrt(q), f: 0.5 / math.sqrt(q)})
+    assert p.mixes[inner] == pytest.approx({x1: R, f: R})  # no shared atom: the weights stand
 
 
 def test_a_stream_added_into_two_sums_that_meet_again():
@@ -72,7 +72,7 @@ def test_a_stream_added_into_two_sums_that_meet_again():
     norm = 1.0 + 0.25 + 0.25
     assert p.scales == {c: pytest.approx(1 / math.sqrt(norm))}
     k = 1 / math.sqrt(norm)
-    assert p.expansions[c] == pytest.approx({x0: k, f: 0.5 * k, g: 0.5 * k})
+    assert p.mixes[c] == pytest.approx({x0: k, f: 0.5 * k, g: 0.5 * k})
 
 
 def test_preactivation_residual_streams_are_private_atoms():
@@ -237,7 +237,7 @@ def test_the_cost_is_bounded_before_the_pass(monkeypatch):
         x = n.add("sum", x, n.add("dense", n.add("activation", x)))
     n.add("sum", x, z)
     p = n.run()
-    assert len(p.expansions[-1]) == 41  # z and the 40 fresh atoms, all still open
+    assert len(p.mixes[len(n.ops) - 1]) == 41  # z and the 40 fresh atoms, all still open
     monkeypatch.setattr(atoms, "MAX_TERMS", 200)
     with pytest.raises(SigpropError) as err:
         n.run()
@@ -325,15 +325,97 @@ def test_a_concatenation_sharing_atoms_with_another_term_is_named_as_such():
 
 
 def test_correlated_features_are_bounded_too(monkeypatch):
-    """x_k = sum(x_{k-1}, act(x_{k-1})): every feature is correlated with every atom before it; the
-    sets that say so count against the same limit."""
+    """x_k = sum(x_{k-1}, act(x_{k-1})), with x_0 added again at the end so that no stream closes:
+    every feature is correlated with every atom before it; the sets that say so count against the
+    same limit."""
     n = Net()
-    x = n.add("dense", 0)
+    x0 = x = n.add("dense", 0)
     for _ in range(30):
         x = n.add("sum", x, n.add("activation", x))
-    assert len(n.run().bad_sums) == 30
+    n.add("sum", x, x0)
+    assert len(n.run().bad_sums) == 31
     bound = atoms.expansion_bound(n.ops, n.ins, atoms.private_nodes(n.ops, n.ins))
     monkeypatch.setattr(atoms, "MAX_TERMS", bound + 50)  # the coefficients fit; the reach sets do not
     with pytest.raises(SigpropError) as err:
         n.run()
     assert err.value.code == "graph_too_large" and "post-activation features" in err.value.message
+
+
+def _random_dag(rng) -> Net:
+    n = Net()
+    n.add("dense", 0)
+    for _ in range(40):
+        k = len(n.ops)
+        op = rng.choice(["dense", "activation", "sum", "sum", "identity", "concat"], p=[0.3, 0.25, 0.2, 0.1, 0.1, 0.05])
+        pick = lambda: int(rng.integers(max(0, k - 8), k))  # noqa: E731 - recent nodes: long chains, some fan-out
+        if op in ("sum", "concat"):
+            ins = [pick() for _ in range(int(rng.integers(2, 4)))]
+            ws = None
+            if op == "sum" and rng.random() < 0.5:
+                w = rng.random(len(ins)) + 0.1
+                ws = list(w / np.linalg.norm(w))
+            n.add(str(op), *ins, weights=ws)
+        else:
+            n.add(str(op), pick())
+    return n
+
+
+def _random_blocks(rng) -> Net:
+    """Residual-style blocks, mostly private streams, with copies, long skips, feature sums and
+    concatenations mixed in."""
+    n = Net()
+    x = n.add("dense", 0)
+    streams = [x]
+    for _ in range(12):
+        kind = rng.choice(["preact", "preact", "copy", "long", "feature", "postact", "concat"])
+        if kind == "preact":
+            x = n.add("sum", x, n.add("dense", n.add("activation", x)), weights=[0.8, 0.6])
+        elif kind == "copy":
+            x = n.add("sum", x, n.add("identity", x))
+        elif kind == "long":
+            x = n.add("sum", x, streams[int(rng.integers(len(streams)))])
+        elif kind == "feature":
+            x = n.add("sum", x, n.add("activation", x))
+        elif kind == "postact":
+            x = n.add("activation", n.add("sum", x, n.add("dense", n.add("activation", x))))
+        else:
+            x = n.add("concat", x, n.add("dense", n.add("activation", x)))
+        streams.append(x)
+    n.add("dense", n.add("activation", x))
+    return n
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_private_atoms_change_nothing_but_the_cost(seed, monkeypatch):
+    """On random DAGs, the pass with private nodes collapsed into atoms finds the same sum scales,
+    shared sums, first uncovered sum and witnesses as the pass that expands everything down to
+    dense/input/activation atoms."""
+    rng = np.random.default_rng(seed)
+    n = _random_dag(rng) if seed % 2 else _random_blocks(rng)
+    fast = n.run()
+    monkeypatch.setattr(atoms, "private_nodes", lambda ops, ins, consumers=None: [False] * len(ops))
+    full = n.run()
+    assert fast.scales.keys() == full.scales.keys()
+    for v, s in full.scales.items():
+        assert fast.scales[v] == pytest.approx(s, rel=1e-12)
+    assert fast.shared == full.shared
+    # the same first uncovered sum; past it the full expansion also flags later sums that only
+    # carry the same correlated pair along (the private pass names the sum where it arises)
+    first = [min((b.node for b in p.bad_sums), default=None) for p in (fast, full)]
+    assert first[0] == first[1] and {b.node for b in fast.bad_sums} <= {b.node for b in full.bad_sums}
+    assert [w is None for w in fast.witness] == [w is None for w in full.witness]
+
+
+def test_a_stream_closes_again_after_a_shared_sum():
+    """An early sum(z, dropout(z)) does not keep every later expansion open: once the copy has met
+    its stream again, the sum is private, and 3000 residual blocks later the pass holds about one
+    coefficient per node (the bound says so before the pass)."""
+    n = Net()
+    z = n.add("dense", 0)
+    x = first = n.add("sum", z, n.add("dropout", z))
+    for _ in range(3000):
+        x = n.add("sum", x, n.add("dense", n.add("activation", x)), weights=[0.8, 0.6])
+    p = n.run()
+    assert p.private[first] and p.scales == {first: pytest.approx(R)}
+    assert max(len(e) for e in p.expansions) == 1
+    assert atoms.expansion_bound(n.ops, n.ins, p.private) == len(n.ops)

@@ -266,13 +266,14 @@ def _shared_steps(nodes, members, start: int | None, report: StructureReport) ->
     squaring, so the sum's C is sum_a c_a^2 C_a / sum_a c_a^2 over the atoms a, not sum_i w_i^2 C_i
     over its inputs (``schemas.atoms``). Expansions are relative to the group's entry, which
     plays the atom for everything before it (every path from the inputs passes through it);
-    private sums are atoms (their cone is theirs alone), and their own steps stay input-wise."""
+    private sums are atoms for what follows (their cone is theirs alone), and unless shared their
+    own steps stay input-wise."""
     private = report.atoms.private
     exp: dict[int, dict] = {} if start is None else {start: {start: 1.0}}
     steps = {}
     for v in members:
         nd = nodes[v]
-        if nd.kind == SUM and not private[v]:
+        if nd.kind == SUM and (v in report.shared_sums or not private[v]):
             scale = report.sum_scales.get(v, 1.0)
             acc: dict[int, float] = {}
             for i, w in zip(nd.inputs, nd.attrs["weights"], strict=True):
@@ -282,6 +283,8 @@ def _shared_steps(nodes, members, start: int | None, report: StructureReport) ->
             if v in report.shared_sums:
                 total = sum(c * c for c in acc.values()) or 1.0
                 steps[v] = (v, _OP_MIX, tuple(acc), tuple(c * c / total for c in acc.values()))
+            if private[v]:  # closed again: an atom for what follows, its value computed just above
+                exp[v] = {v: 1.0}
         elif nd.kind == PASS:
             exp[v] = exp[nd.inputs[0]]
         else:  # affine outputs, activations, concatenations, inputs, private sums: atoms
