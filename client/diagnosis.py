@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from ..schemas.graph import OPS, Graph
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
+from ..schemas.structure import wire_structure
 
 __all__ = [
     "LayerDiagnosis",
@@ -183,8 +184,12 @@ class _Predictor:
         self.shapes = infer_shapes(Graph.model_validate(graph))
         self.mixed = bool(sol.activations) and len(sol.activations) > 1
         self.q_act = sol.q_1 if sol.q_1 is not None else 1.0
+        # sums an atom reaches through several paths mix over atoms, not inputs (schemas.atoms)
+        self.shared = _shared_sums(graph) if sol.sum_scales else {}
+        self.comps: dict[str, list[Prediction]] = {}  # node id -> its prediction per pair component
 
-    def node(self, nd: dict, ins: list[Prediction]) -> Prediction:
+    def node(self, nd: dict, ins: list[Prediction], k: int = 0) -> Prediction:
+        """Node ``nd``'s prediction from its inputs' (component ``k`` of a one-channel pair)."""
         op, nid = nd["op"], nd["id"]
         if nid in self.unmodelled:
             return Prediction(None, None, "op outside the graph (treated as the identity)")
@@ -192,6 +197,8 @@ class _Predictor:
             return self.affine(nid, ins[0])
         if op == "activation":
             return self.activation(ins[0])
+        if op == "sum" and nid in self.shared:
+            return _mix([(c * c, self.component(a, k)) for a, c in self.shared[nid].items()])
         if op == "sum":
             weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
             return _mix([(w * w, p) for w, p in zip(weights, ins, strict=True)])
@@ -200,6 +207,10 @@ class _Predictor:
             total = sum(widths)
             return _mix([(w / total, p) for w, p in zip(widths, ins, strict=True)])
         return ins[0]
+
+    def component(self, nid: str, k: int) -> Prediction:
+        comp = self.comps[nid]
+        return comp[k] if len(comp) > 1 else comp[0]
 
     def affine(self, nid: str, p: Prediction) -> Prediction:
         layer = self.layers.get(nid)
@@ -218,6 +229,12 @@ class _Predictor:
             return Prediction(self.q_act, None, "several functions: per-node C maps not in the answer")
         cm = self.sol.c_map
         return Prediction(self.q_act, interpolate(p.c, cm.c, cm.local) if p.c is not None else None, p.note)
+
+
+def _shared_sums(graph: dict) -> dict[str, dict[str, float]]:
+    """Sum id -> {atom id: coefficient, with the answer's sum scales} for the sums of shared atoms."""
+    ids, report = wire_structure(Graph.model_validate(graph))
+    return {ids[v]: {ids[a]: c for a, c in report.atoms.mixes[v].items()} for v in report.shared_sums}
 
 
 def predict(
@@ -241,7 +258,7 @@ def predict(
     parts = [(1.0, float(input_c))]
     if one_channel:
         parts = [((1.0 + input_c) / 2.0, 1.0), ((1.0 - input_c) / 2.0, -1.0)]
-    comps: dict[str, list[Prediction]] = {}
+    comps = walker.comps
     out: dict[str, Prediction] = {}
     for nd in graph["nodes"]:
         nid, op = nd["id"], nd["op"]
@@ -255,7 +272,8 @@ def predict(
                 comps[nid] = [merged]
             else:
                 comps[nid] = [
-                    _spatial(walker, nd, [c[k] if len(c) > 1 else c[0] for c in ins], width > 1) for k in range(width)
+                    _spatial(walker, nd, [c[k] if len(c) > 1 else c[0] for c in ins], width > 1, k)
+                    for k in range(width)
                 ]
         pred = comps[nid][0] if len(comps[nid]) == 1 else _mean_c(parts, comps[nid])
         if op in _POOLS and not same_locations and not pred.note:
@@ -266,12 +284,12 @@ def predict(
     return out
 
 
-def _spatial(walker: _Predictor, nd: dict, ins: list[Prediction], per_location: bool) -> Prediction:
+def _spatial(walker: _Predictor, nd: dict, ins: list[Prediction], per_location: bool, k: int = 0) -> Prediction:
     if per_location and nd["op"] == "conv":
         layer = walker.layers.get(nd["id"])
         if layer is not None and layer.distribution != "orthogonal_delta":
             return Prediction(None, None, "a one-channel input read by a conv that mixes locations: not predicted")
-    return walker.node(nd, ins)
+    return walker.node(nd, ins, k)
 
 
 def _mean_c(parts: list[tuple[float, float]], preds: list[Prediction]) -> Prediction:

@@ -60,6 +60,7 @@ __all__ = [
     "NothingApplied",
     "activation_fn",
     "transformed_activation",
+    "sum_weights",
     "scaled_uniform_orthogonal",
     "gaussian",
     "zeros",
@@ -225,6 +226,22 @@ def transformed_activations(solution, graph: Mapping) -> dict[str, Callable[[jax
     sol = as_solution(solution)
     fns = {nd["id"]: nd.get("fn") or sol.activation for nd in graph["nodes"] if nd["op"] == "activation"}
     return {gid: transformed_activation(sol, fn) for gid, fn in fns.items()}
+
+
+def sum_weights(solution, graph: Mapping) -> dict[str, list[float]]:
+    """Sum id -> the weights the answer's network uses there: the graph's (1/sqrt(n) each when it
+    gives none) times the answer's ``sum_scales`` factor, which renormalizes a sum that an atom
+    reaches through several paths. A JAX model computes its sums in its own code, so it reads them
+    here (PyTorch's ``apply`` rewrites the adds itself)."""
+    sol = as_solution(solution)
+    scales = sol.sum_scales or {}
+    out = {}
+    for nd in graph["nodes"]:
+        if nd["op"] == "sum":
+            n = len(nd["inputs"])
+            ws = nd.get("weights") or [1.0 / math.sqrt(n)] * n
+            out[nd["id"]] = [scales.get(nd["id"], 1.0) * float(w) for w in ws]
+    return out
 
 
 # --------------------------------------------------------------------------- initializers
@@ -555,6 +572,12 @@ def apply_to_params(
         new = _set_bias(new, params, layer, resolved, bpath, bkey, report)
 
     report.uncovered_kernels = [p for p in _leaf_paths(params, tuple(kernel_names)) if p not in covered]
+    if sol.sum_scales:
+        report.warnings.append(
+            f"the answer rescales the weights of sum(s) {', '.join(sorted(sol.sum_scales))} (shared atoms: "
+            "sum_scales); params hold no sum weights, so multiply those sums in the model by what "
+            "sum_weights(solution, graph) gives"
+        )
     if not report.changed:
         raise NothingApplied(report, len(layers), len(mapping))
     return new, report

@@ -199,11 +199,13 @@ class AssumptionReport(BaseModel):
 
     mode: Literal["strict", "warn"]
     holds: bool = Field(
-        description="every activation reads a Gaussian input (an affine output, or a normalized sum "
-        "or concatenation of affine outputs)"
+        description="every activation reads a Gaussian input (a combination of independent affine outputs), and "
+        "no sum adds a post-activation feature to something correlated with it"
     )
     violations: list[str] = Field(
-        default_factory=list, description="ids of the activations whose input is not Gaussian"
+        default_factory=list,
+        description="ids of the activations whose input is not Gaussian, then of the sums with no exact Gaussian "
+        "description",
     )
 
 
@@ -345,6 +347,12 @@ class Solution(BaseModel):
         "convention of TAT Appendix B.5 and of dks), not every single-input single-output set of layers",
     )
     assumptions: AssumptionReport | None = None
+    sum_scales: dict[str, float] | None = Field(
+        default=None,
+        description="sum node id -> factor on that sum's graph weights: where an atom reaches a sum through several "
+        "paths (a copy, a nested sum, a shared stream) its coefficients add before squaring; the rescaled weights "
+        "restore the normalized sum (q = 1) the answer's maps assume. Absent: every sum keeps its graph weights",
+    )
     graph_summary: GraphSummary | None = None
     c_map: CMapSample | None = None
     layers: list[LayerInit] = Field(default_factory=list)

@@ -16,7 +16,10 @@ concatenation carrying an activation's output) sees a skewed, non-zero-mean inpu
 mean square drifts from what the Q map says, geometrically over blocks: a v1-style network of 8
 blocks solved for C_f(0) = 0.8 measures 0.85 with q near 70 at the output.
 
-``structure_report`` finds every such activation in one pass over the graph (O(nodes + edges)).
+``structure_report`` finds every such activation, and every sum that adds a feature to something
+correlated with it, from one linear pass that writes each node over independent atoms
+(``atoms.atom_pass``): the patterns above are what that pass finds, not a list it checks. The same
+pass finds sums an atom reaches through several paths and the scale that renormalizes them.
 Pooling is reported separately: the answer's C map is per spatial location, and average pooling is
 exact only when the pooled locations see the same input.
 
@@ -29,8 +32,9 @@ nodes): the engine's canonical nodes as they are, a wire graph through ``wire_st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .atoms import AtomPass, BadSum, atom_pass
 from .errors import SigpropError
 from .graph import Graph
 
@@ -39,13 +43,12 @@ __all__ = [
     "StructureReport",
     "Violation",
     "check_structure",
+    "dropout_notes",
     "pooling_warnings",
     "structure_report",
+    "sum_scale_notes",
     "wire_structure",
 ]
-
-_AFFINE = ("dense", "conv")
-_MIX = ("sum", "concat")
 
 MAX_NAMED = 6  # nodes named in a message; the count says how many more
 SUBNETWORK_CONVENTION = "single-entry single-exit"
@@ -53,8 +56,8 @@ SUBNETWORK_CONVENTION = "single-entry single-exit"
 
 @dataclass(frozen=True)
 class Violation:
-    """An activation whose input is not Gaussian, and why: ``source`` is the activation (or the
-    network input) whose output reaches it with no weighted layer between, ``via`` the sum or
+    """An activation whose input is not Gaussian, and why: ``source`` is the feature (an activation's
+    output or the network input) that reaches it with no weighted layer between, ``via`` the sum or
     concatenation it travels through (None when it arrives directly)."""
 
     activation: int
@@ -69,39 +72,54 @@ class StructureReport:
     max_pools: tuple[int, ...]
     convolutional: bool
     ops: tuple[str, ...]  # by node index
+    # sums with no exact Gaussian description (a feature added to something correlated with it)
+    bad_sums: tuple[BadSum, ...] = ()
+    # sum node -> factor on its weights that restores the normalized sum (shared atoms)
+    sum_scales: dict = field(default_factory=dict)
+    # sums an atom reaches through several paths: their C map composes atom by atom
+    shared_sums: frozenset = frozenset()
+    atoms: AtomPass | None = None
+    dropouts: tuple[int, ...] = ()  # dropout nodes with a non-zero rate
 
     @property
     def holds(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.bad_sums
+
+    @property
+    def flagged(self) -> list[int]:
+        """The nodes named as outside the theory: the activations, then the sums."""
+        return [v.activation for v in self.violations] + [b.node for b in self.bad_sums]
+
+
+def _attrs(nd) -> dict:
+    return getattr(nd, "attrs", None) or {}
 
 
 def structure_report(nodes: Sequence) -> StructureReport:
-    """Every activation whose input is not an affine output or a normalized sum/concatenation of
-    affine outputs (pass-through nodes such as flatten, dropout and pooling are transparent).
-    ``nodes``: in topological order, each with ``op`` and ``inputs`` (indices)."""
-    # witness[v]: None if v's output is Gaussian, else (source, via) explaining why not
-    witness: list[tuple[int, int | None] | None] = [None] * len(nodes)
+    """Every activation whose input is not a Gaussian combination of atoms, and every sum with no
+    exact Gaussian description, from one ``atoms.atom_pass`` (O(nodes + edges) for the usual
+    architectures, bounded before it starts). ``nodes``: in topological order, each with ``op``,
+    ``inputs`` (indices) and, for sums and dropout, ``attrs`` (``weights``, ``rate``)."""
+    ops = tuple(nd.op for nd in nodes)
+    found = atom_pass(
+        ops, [nd.inputs for nd in nodes], [_attrs(nd).get("weights") if nd.op == "sum" else None for nd in nodes]
+    )
     violations = []
     for index, nd in enumerate(nodes):
-        if nd.op in ("activation", "input"):
-            if nd.op == "activation" and witness[nd.inputs[0]] is not None:
-                source, via = witness[nd.inputs[0]]
-                violations.append(Violation(index, source, via))
-            witness[index] = (index, None)
-        elif nd.op in _AFFINE:
-            witness[index] = None
-        elif nd.op in _MIX:
-            bad = next((witness[i] for i in nd.inputs if witness[i] is not None), None)
-            witness[index] = None if bad is None else (bad[0], index)
-        else:  # pass-through: flatten, dropout, identity, pooling, output
-            witness[index] = witness[nd.inputs[0]]
-    ops = [nd.op for nd in nodes]
+        if nd.op == "activation" and found.witness[nd.inputs[0]] is not None:
+            source, via = found.witness[nd.inputs[0]]
+            violations.append(Violation(index, source, via))
     return StructureReport(
         violations=tuple(violations),
         avg_pools=tuple(i for i, op in enumerate(ops) if op in ("avg_pool", "global_avg_pool")),
         max_pools=tuple(i for i, op in enumerate(ops) if op == "max_pool"),
         convolutional="conv" in ops,
-        ops=tuple(ops),
+        ops=ops,
+        bad_sums=found.bad_sums,
+        sum_scales=found.scales,
+        shared_sums=found.shared,
+        atoms=found,
+        dropouts=tuple(i for i, op in enumerate(ops) if op == "dropout" and _attrs(nodes[i]).get("rate", 0.0) > 0),
     )
 
 
@@ -109,6 +127,7 @@ def structure_report(nodes: Sequence) -> StructureReport:
 class _WireNode:
     op: str
     inputs: tuple[int, ...]
+    attrs: dict
 
 
 def wire_structure(graph: Graph) -> tuple[list[str], StructureReport]:
@@ -133,7 +152,14 @@ def wire_structure(graph: Graph) -> tuple[list[str], StructureReport]:
                 state[nid] = 2
                 order.append(nid)
     index = {nid: i for i, nid in enumerate(order)}
-    nodes = [_WireNode(by_id[nid].op, tuple(index[i] for i in by_id[nid].inputs)) for nid in order]
+    nodes = [
+        _WireNode(
+            by_id[nid].op,
+            tuple(index[i] for i in by_id[nid].inputs),
+            {k: getattr(by_id[nid], k) for k in ("weights", "rate") if hasattr(by_id[nid], k)},
+        )
+        for nid in order
+    ]
     return order, structure_report(nodes)
 
 
@@ -141,6 +167,14 @@ def _names(ids: Sequence[str], indices) -> str:
     indices = list(indices)
     shown = ", ".join(repr(ids[i]) for i in indices[:MAX_NAMED])
     return shown + (f" and {len(indices) - MAX_NAMED} more" if len(indices) > MAX_NAMED else "")
+
+
+_PREACT_FIX = (
+    "use the pre-activation layout (each residual branch starts with its activation and the sum adds "
+    "affine outputs, as in the resnet template's version 2; for a PyTorch model, "
+    "sigprop.client.torch.normalization_free(model, preactivation=True) rewrites it so), or put a projection "
+    "(1x1 conv or dense) on the shortcut"
+)
 
 
 def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[str, str]:
@@ -167,10 +201,32 @@ def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[s
         f"activation {act!r} reads sum {via!r}, which adds the output of activation "
         f"{source!r} with no weighted layer on that branch (a post-activation residual block, or an "
         "activation on the shortcut)",
-        "use the pre-activation layout (each residual branch starts with its activation and the sum adds "
-        "affine outputs, as in the resnet template's version 2), or put a projection (1x1 conv or dense) "
-        "on the shortcut",
+        _PREACT_FIX,
     )
+
+
+def _sum_cause(ids: Sequence[str], report: StructureReport, b: BadSum) -> tuple[str, str]:
+    """(what happens at this sum, the fix) for a sum with no exact Gaussian description."""
+    node, feat, other = ids[b.node], ids[b.feature], ids[b.partner]
+    what = "the network input" if report.ops[b.feature] == "input" else f"the post-activation feature {feat!r}"
+    if b.concat:
+        why = (
+            f"sum {node!r} adds concatenation {feat!r} and {other!r}, which share atoms: the correlation of "
+            "each concatenated part with the other term is not modelled"
+        )
+        return why, "put a weighted layer on one of the two branches before the sum"
+    if b.second:
+        why = (
+            f"sum {node!r} adds {what} and another non-Gaussian term {other!r}: their means multiply into its "
+            "mean square"
+        )
+    else:
+        why = (
+            f"sum {node!r} adds {what} and {other!r}, which is correlated with it (the activation's own input, "
+            "or a copy of it): the cross term E[z phi(z)] is not zero, so q and the C map differ from the "
+            "normalized-sum rule"
+        )
+    return why, "put a weighted layer (dense or conv) on the activation's branch before the sum; " + _PREACT_FIX
 
 
 def check_structure(ids: Sequence[str], report: StructureReport, mode: str) -> list[str]:
@@ -178,24 +234,54 @@ def check_structure(ids: Sequence[str], report: StructureReport, mode: str) -> l
     ``ids`` names the report's nodes by index."""
     if report.holds:
         return []
-    first, fix = _cause(ids, report, report.violations[0])
-    acts = _names(ids, [v.activation for v in report.violations])
-    count = len(report.violations)
+    if report.violations:
+        first, fix = _cause(ids, report, report.violations[0])
+    else:
+        first, fix = _sum_cause(ids, report, report.bad_sums[0])
+    named = _names(ids, report.flagged)
+    count = len(report.flagged)
     why = (
-        "the Q/C maps assume each activation's input is Gaussian: an affine output, or a normalized sum or "
-        "concatenation of affine outputs (TAT paper section 2.3); post-activation features are skewed and not "
-        "zero-mean, so q drifts from 1 and the C map differs at any width"
+        "the Q/C maps assume each activation's input, and each branch of a sum, is a Gaussian combination of "
+        "independent atoms (affine outputs; TAT paper section 2.3); post-activation features are skewed, not "
+        "zero-mean and correlated with their own input, so q drifts from 1 and the C map differs at any width"
     )
     if mode == "strict":
         raise SigpropError(
             "unsupported_structure",
-            f"{count} activation(s) outside the kernel theory ({acts}): {first}; {why}",
+            f"{count} node(s) outside the kernel theory ({named}): {first}; {why}",
             f'{fix}; or send "assumptions": "warn" to solve anyway with warnings',
         )
     return [
-        f"assumptions not met at {count} activation(s) ({acts}): {first}; {why}. Past these nodes the answer's "
+        f"assumptions not met at {count} node(s) ({named}): {first}; {why}. Past these nodes the answer's "
         "predictions do not hold: the global C map (c_map, c_f_0, network_c_f_0, c_curv_1, c_slope_1) and "
         "q = 1 at the output. Fix: " + fix
+    ]
+
+
+def sum_scale_notes(ids: Sequence[str], report: StructureReport) -> list[str]:
+    """Say where the answer's ``sum_scales`` change a sum, and why."""
+    if not report.sum_scales:
+        return []
+    shown = _names(ids, sorted(report.sum_scales))
+    return [
+        f"{len(report.sum_scales)} sum(s) ({shown}) add the same atom through several paths (a copy through "
+        "identity, dropout or flatten, a nested sum, a stream added into two sums): its coefficients add before "
+        "squaring, so with the graph's weights q is not 1 there. The answer's sum_scales multiply those sums' "
+        "weights to restore the normalized sum the method assumes (both adapters apply them); the C map, q and "
+        "the solve hold for the rescaled network"
+    ]
+
+
+def dropout_notes(ids: Sequence[str], report: StructureReport) -> list[str]:
+    """Dropout is the identity at evaluation; in training mode with rate p each input draws its own
+    mask, which scales q by 1/(1 - p) and leaves the cross-covariance of two inputs unchanged."""
+    if not report.dropouts:
+        return []
+    return [
+        f"dropout ({_names(ids, report.dropouts)}) is the identity in the answer's maps: the predictions hold "
+        "in evaluation mode. In training mode with rate p, each input draws its own mask, so q after it is "
+        "scaled by 1/(1 - p) while the covariance of two inputs is unchanged (their c is scaled by 1 - p), and "
+        "every later activation sees that larger q"
     ]
 
 

@@ -88,7 +88,9 @@ def forward(graph, ans, x: np.ndarray, rng: np.random.Generator, record=()) -> t
         elif nd.op == "activation":
             h = act(ins[0])
         elif nd.op == "sum":
-            h = sum(wt * v for wt, v in zip(nd.attrs["weights"], ins, strict=False))
+            # the answer's sum_scales renormalize sums of shared atoms, as the adapters apply them
+            scale = (ans.sum_scales or {}).get(nd.user_id, 1.0)
+            h = sum(scale * wt * v for wt, v in zip(nd.attrs["weights"], ins, strict=False))
         elif nd.op == "concat":
             h = np.concatenate(ins, axis=1)
         elif nd.op == "global_avg_pool":

@@ -15,14 +15,22 @@ def _request(prefix: str, dead: bool = False) -> SolveRequest:
         {"id": f"{p}mp", "op": "max_pool", "inputs": [f"{p}a1"], "kernel": 2},
         {"id": f"{p}c2", "op": "conv", "inputs": [f"{p}mp"], "channels": 8},
         {"id": f"{p}a2", "op": "activation", "inputs": [f"{p}c2"]},
-        {"id": f"{p}s", "op": "sum", "inputs": [f"{p}mp", f"{p}a2"]},  # neither branch ends in a weighted layer
+        # neither branch ends in a weighted layer: two post-activation features, outside the kernel
+        # theory (their means multiply), so the request solves under "warn" and the warning names the sum
+        {"id": f"{p}s", "op": "sum", "inputs": [f"{p}mp", f"{p}a2"]},
         {"id": f"{p}g", "op": "global_avg_pool", "inputs": [f"{p}s"]},
         {"id": f"{p}out", "op": "output", "inputs": [f"{p}g"]},
     ]
     if dead:
         nodes.append({"id": f"{p}unused", "op": "dense", "inputs": [f"{p}g"], "units": 3})
     return SolveRequest.model_validate(
-        {"graph": {"nodes": nodes}, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.3}}
+        {
+            "graph": {"nodes": nodes},
+            "method": "tat",
+            "activation": "leaky_relu",
+            "targets": {"eta": 0.3},
+            "assumptions": "warn",
+        }
     )
 
 

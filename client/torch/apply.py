@@ -55,7 +55,9 @@ class SumChange:
     was: str
     weights: list[float]
     residual_beta: str | None = None  # "x + beta/sqrt(L) F(x)" description when the answer asks for it
-    source: str = "graph"  # where the weights come from: "graph" (the solved graph) or "jacobian.recommended"
+    # where the weights come from: "graph" (the solved graph), "graph x sum_scales" (renormalized by the
+    # answer: shared atoms) or "jacobian.recommended"
+    source: str = "graph"
 
 
 @dataclass
@@ -286,6 +288,10 @@ def _apply_sums(rw: _Rewrite, sol: Solution, solved_nodes: dict, residual: str) 
     for e in rw.entries("sum"):
         weights = _sum_weights(e, solved_nodes.get(e.gid, {}), rw.ext, rw.report)
         beta_desc, source = None, "graph"
+        if sol.sum_scales and e.gid in sol.sum_scales:
+            # an atom reaches this sum through several paths: the answer renormalizes it
+            weights = [sol.sum_scales[e.gid] * w for w in weights]
+            source = "graph x sum_scales"
         if recommended is not None and len(e.inputs) == 2 and e.gid not in beta_sums:
             # the shortcut gets the shortcut weight, whichever argument of the add it is
             sc = _shortcut_index(e.node, [rw.resolve(a) for a in e.inputs])

@@ -208,10 +208,12 @@ def _compute_untransformed(request: dict, answer: dict, grid: list[float]) -> li
     from ..engine.solve import prepare
     from ..engine.subnetworks import compile_subnetworks
     from ..requests import parse_solve_request
+    from ..schemas.structure import structure_report
 
     prep = prepare(parse_solve_request(request))
     table = HermiteCMap(get_activation(answer["activation"]))
-    program = compile_subnetworks(prep.graph)
+    # the same composition as the answer's: sums of shared atoms mix over atoms
+    program = compile_subnetworks(prep.graph, structure_report(prep.graph.nodes))
     return program.global_map(np.asarray(grid, dtype=float), lambda c, _slot: table(c)).tolist()
 
 

@@ -28,7 +28,7 @@ from ..schemas.solve import (
     SolveRequest,
     VMapSample,
 )
-from ..schemas.structure import StructureReport, pooling_warnings
+from ..schemas.structure import StructureReport, dropout_notes, pooling_warnings, sum_scale_notes
 from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, root_scan, sparse_eoc, tat
 from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
@@ -349,10 +349,10 @@ def _c_grid(points: int) -> np.ndarray:
 
 
 def _warnings_for(graph: NetworkGraph, report: StructureReport) -> list[str]:
+    ids = [nd.user_id for nd in graph.nodes]
+    # correlated sums are exact here (the atom pass rescales them), unlike in the geometric method
     return (
-        list(graph.warnings)
-        + correlated_sum_warnings(graph.nodes)
-        + pooling_warnings([nd.user_id for nd in graph.nodes], report)
+        list(graph.warnings) + sum_scale_notes(ids, report) + dropout_notes(ids, report) + pooling_warnings(ids, report)
     )
 
 

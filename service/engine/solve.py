@@ -111,7 +111,7 @@ def solve_canonical(prep: Prepared) -> Solution:
     named = prep.graph if request.assumptions == "strict" else graph
     notes = check_structure([nd.user_id for nd in named.nodes], report, request.assumptions) if method.kernel else []
     answer = method.build(
-        MethodInput(request, graph, prep.key, compile_subnetworks(graph), report, check_targets(request))
+        MethodInput(request, graph, prep.key, compile_subnetworks(graph, report), report, check_targets(request))
     )
     if method.kernel:
         answer.warnings = notes + answer.warnings + _degenerate(request, answer)
@@ -119,8 +119,10 @@ def solve_canonical(prep: Prepared) -> Solution:
         answer.assumptions = AssumptionReport(
             mode=request.assumptions,
             holds=report.holds,
-            violations=[graph.nodes[v.activation].user_id for v in report.violations],
+            violations=[graph.nodes[v].user_id for v in report.flagged],
         )
+        if report.sum_scales:
+            answer.sum_scales = {graph.nodes[v].user_id: float(s) for v, s in sorted(report.sum_scales.items())}
         if answer.c_map is not None:
             answer.c_map.scope = "location" if report.convolutional else "example"
     if request.trainable is not None:

@@ -26,7 +26,8 @@ from functools import partial
 
 import numpy as np
 
-from .graph import ACT, CONCAT, SOURCE, SUM, NetworkGraph
+from ..schemas.structure import StructureReport
+from .graph import ACT, CONCAT, PASS, SOURCE, SUM, NetworkGraph
 
 # r(value, fn_slot) -> value: the local map standing in for each nonlinear layer, given the
 # index of the layer's activation function in ``NetworkGraph.activation_fns()``.
@@ -259,20 +260,57 @@ def _step(nodes, v: int, fn_slot: dict[str, int]) -> tuple:
     return (v, _OP_PASS, nd.inputs[0], None)
 
 
-def compile_subnetworks(graph: NetworkGraph) -> SubnetworkProgram:
+def _shared_steps(nodes, members, start: int | None, report: StructureReport) -> dict[int, tuple]:
+    """The steps of the shared sums among ``members`` (a group's nodes in topological order), over
+    atoms: an atom that reaches a sum through several paths has its coefficients added before
+    squaring, so the sum's C is sum_a c_a^2 C_a / sum_a c_a^2 over the atoms a, not sum_i w_i^2 C_i
+    over its inputs (``schemas.atoms``). Expansions are relative to the group's entry, which
+    plays the atom for everything before it (every path from the inputs passes through it);
+    private sums are atoms for what follows (their cone is theirs alone), and unless shared their
+    own steps stay input-wise."""
+    private = report.atoms.private
+    exp: dict[int, dict] = {} if start is None else {start: {start: 1.0}}
+    steps = {}
+    for v in members:
+        nd = nodes[v]
+        if nd.kind == SUM and (v in report.shared_sums or not private[v]):
+            scale = report.sum_scales.get(v, 1.0)
+            acc: dict[int, float] = {}
+            for i, w in zip(nd.inputs, nd.attrs["weights"], strict=True):
+                for a, c in exp[i].items():
+                    acc[a] = acc.get(a, 0.0) + scale * w * c
+            exp[v] = acc
+            if v in report.shared_sums:
+                total = sum(c * c for c in acc.values()) or 1.0
+                steps[v] = (v, _OP_MIX, tuple(acc), tuple(c * c / total for c in acc.values()))
+            if private[v]:  # closed again: an atom for what follows, its value computed just above
+                exp[v] = {v: 1.0}
+        elif nd.kind == PASS:
+            exp[v] = exp[nd.inputs[0]]
+        else:  # affine outputs, activations, concatenations, inputs, private sums: atoms
+            exp[v] = {v: 1.0}
+    return steps
+
+
+def compile_subnetworks(graph: NetworkGraph, report: StructureReport | None = None) -> SubnetworkProgram:
     """Find the largest subnetwork ending at each node and compile the passes M_{f,r} needs.
 
     Cost: near-linear in nodes + edges. The dominator and post-dominator trees (``_dominators``),
     the Euler intervals and the climbs are linear or near it on these graphs; the single-exit
     test of each step is ``_valid_steps`` (jumps over solved regions); each group's region is
-    walked once. Evaluating M_{f,r} then costs the sum of the groups' sizes per point."""
+    walked once. Evaluating M_{f,r} then costs the sum of the groups' sizes per point.
+
+    ``report`` (the graph's ``structure_report``): its shared sums compose atom by atom
+    (``_shared_steps``); without it every sum is taken as a normalized sum of uncorrelated inputs."""
     fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
     if graph.nodes[0].kind == SOURCE and all(nd.inputs == (nd.index - 1,) for nd in graph.nodes[1:]):
         return _chain_program(graph, fn_slot)
-    return _general_program(graph, fn_slot)
+    return _general_program(graph, fn_slot, report)
 
 
-def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
+def _general_program(
+    graph: NetworkGraph, fn_slot: dict[str, int], report: StructureReport | None = None
+) -> SubnetworkProgram:
     n = graph.n
     nodes = graph.nodes
     preds = [list(nd.inputs) for nd in nodes]
@@ -335,8 +373,12 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
     for start in sorted(by_start, key=lambda s: -1 if s == root else s):
         ends = by_start[start]
         steps = []
-        for v in sorted(region(start, ends) - {start}):
-            step = step_of.get(v)
+        members = sorted(region(start, ends) - {start})
+        shared = {}
+        if report is not None and report.shared_sums and not report.shared_sums.isdisjoint(members):
+            shared = _shared_steps(nodes, members, None if start == root else start, report)
+        for v in members:
+            step = shared.get(v) or step_of.get(v)
             if step is None:
                 step = step_of[v] = _step(nodes, v, fn_slot)
             steps.append(step)

@@ -361,7 +361,7 @@ class Built:
 
 
 def _translate(solution: Solution, graph: NetworkGraph, paths: dict[str, str]) -> tuple[Solution, list[str]]:
-    """The answer with its layer and residual-sum ids replaced by the model's module paths.
+    """The answer with its layer and sum ids (residual beta, ``sum_scales``) replaced by the model's module paths.
 
     A layer is matched by its canonical node index (``LayerInit.node``) when that node is a
     weighted layer of ``graph`` (so an answer stored under another graph's ids with the same key
@@ -377,6 +377,8 @@ def _translate(solution: Solution, graph: NetworkGraph, paths: dict[str, str]) -
     rb = sol.trainable.residual_beta if sol.trainable is not None else None
     if rb is not None:
         rb.sums = [paths.get(s, s) for s in rb.sums]
+    if sol.sum_scales:
+        sol.sum_scales = {paths.get(s, s): v for s, v in sol.sum_scales.items()}
     return sol, notes
 
 
