@@ -101,15 +101,21 @@ def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, s
     """Graph id -> why, for every node whose effect on q is measured rather than predicted.
 
     Max pooling and average pooling over more than one location (global pooling of a map larger
-    than 1 x 1), plus every id in ``uncovered`` (the answer's list, :func:`answer_uncovered`, and
-    the ops an adapter treated as the identity); dense/conv, input and output nodes never."""
+    than 1 x 1); every id in ``uncovered`` (the answer's list, :func:`answer_uncovered`, and the
+    ops an adapter treated as the identity); and every activation whose input carries one of those
+    nodes' outputs with no dense/conv in between (a max-pooled map is not Gaussian: its mean is
+    positive, so the activation's Q map does not apply). Never dense/conv, input or output nodes."""
     named = set(uncovered)
     shapes = infer_shapes(Graph.model_validate(dict(graph)))
     out: dict[str, str] = {}
+    tainted: set[str] = set()  # values that carry a measured node's output, no layer in between
     for nd in graph["nodes"]:
         op, nid = nd["op"], nd["id"]
         if op in _NEVER:
             continue
+        carried = next((i for i in nd.get("inputs", []) if i in tainted), None)
+        if op != "activation" and (carried is not None or op == "max_pool" or nid in named):
+            tainted.add(nid)
         if nid in named:
             out[nid] = f"{op} outside the answer's predictions"
         elif op == "max_pool" and _window(nd) > 1:
@@ -118,6 +124,8 @@ def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, s
             out[nid] = "average pooling"
         elif op == "global_avg_pool" and math.prod(shapes.get(nd["inputs"][0], [1])[1:]) > 1:
             out[nid] = "global average pooling"
+        elif op == "activation" and carried is not None:
+            out[nid] = f"activation of a non-Gaussian input (from '{carried}')"
     return out
 
 

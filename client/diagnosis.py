@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..schemas.graph import OPS, Graph
 from ..schemas.shapes import infer_shapes
@@ -44,6 +44,7 @@ __all__ = [
     "check_solution",
     "interpolate",
     "pair_c",
+    "note_calibrations",
     "SHOWN_OPS",
 ]
 
@@ -233,3 +234,16 @@ def pair_c(c: float) -> float:
     if not (-1.0 < float(c) < 1.0):
         raise ValueError(f"input_c must be in (-1, 1), got {c!r}")
     return float(c)
+
+
+def note_calibrations(diag: Diagnosis, calibrations) -> None:
+    """Mark the rows of the ops ``apply`` measured on its example batch and rescaled
+    (``sigprop.client.calibration.Calibration``), and list each one under the table."""
+    by_id = {c.id: c for c in calibrations}
+    diag.layers = [
+        replace(r, note=f"calibrated: measured q x{by_id[r.id].effect:.4g}, factor {by_id[r.id].factor:.4g}")
+        if r.id in by_id
+        else r
+        for r in diag.layers
+    ]
+    diag.notes.extend(f"calibrated by apply: {c.describe()}" for c in calibrations)

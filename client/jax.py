@@ -258,7 +258,9 @@ class ApplyReport:
     - ``uncovered_kernels``: paths of kernel leaves in the tree that no answer layer initialized;
     - ``shape_mismatches``: ``(layer_id, path, shape, why)`` for kernels whose fan-in / fan-out
       disagree with the answer's layer (left untouched);
-    - ``warnings``: anything else worth knowing (a bias the answer's layer does not have, ...).
+    - ``warnings``: anything else worth knowing (a bias the answer's layer does not have, ...);
+    - ``calibrations``: the ops measured on ``example_input`` and the factor each got
+      (:class:`sigprop.client.calibration.Calibration`; pass them to :func:`diagnose`).
     """
 
     changed: list[ParamChange] = field(default_factory=list)
@@ -268,6 +270,7 @@ class ApplyReport:
     uncovered_kernels: list[tuple] = field(default_factory=list)
     shape_mismatches: list[tuple[str, tuple, tuple[int, ...], str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    calibrations: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -297,6 +300,7 @@ class ApplyReport:
             lines.append(f"  kernel not covered: {'/'.join(map(str, path))}")
         for lid, path, shape, why in self.shape_mismatches:
             lines.append(f"  shape mismatch: layer {lid!r} -> {'/'.join(map(str, path))} {shape}: {why}")
+        lines.extend(f"  calibrated {c.describe()}" for c in self.calibrations)
         lines.extend(f"  warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -488,6 +492,8 @@ def apply_to_params(
     *,
     kernel_names: Sequence[str] = ("kernel", "w"),
     bias_names: Sequence[str] = ("bias", "b"),
+    module=None,
+    example_input=None,
 ) -> tuple[Any, ApplyReport]:
     """Re-initialize a params tree from an answer; returns ``(new_params, report)``.
 
@@ -511,6 +517,14 @@ def apply_to_params(
     mapped id unknown, every path missing or mismatched, an empty mapping), it raises
     :class:`NothingApplied` naming what matched nothing: returning the untouched tree with a report
     nobody reads would leave the model at its old initialization without a word.
+
+    ``module`` and ``example_input`` (a ``flax.linen`` module and one batch, ``[B, F]`` or NHWC):
+    with both, the ops whose effect on q the answer cannot predict (max pooling, average pooling
+    of locations that differ, the nodes the answer names as outside its predictions;
+    ``sigprop.client.calibration``) are measured on the batch and brought to the q the answer
+    predicts, by a factor on the kernel of the layer(s) that read them, else on the kernel and bias
+    of the layer that feeds them (pooling). JAX code cannot be rewritten: a node neither can take
+    is reported in ``warnings`` with its factor. ``report.calibrations`` lists each one.
     """
     sol = as_solution(solution)
     layers = {layer.id: layer for layer in sol.layers}
@@ -557,6 +571,11 @@ def apply_to_params(
     report.uncovered_kernels = [p for p in _leaf_paths(params, tuple(kernel_names)) if p not in covered]
     if not report.changed:
         raise NothingApplied(report, len(layers), len(mapping))
+    if module is not None and example_input is not None:
+        from .jax_calibration import calibrate_params
+
+        new, report.calibrations, notes = calibrate_params(module, new, sol, example_input, kernel_names, bias_names)
+        report.warnings.extend(notes)
     return new, report
 
 

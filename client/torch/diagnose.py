@@ -13,7 +13,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..diagnosis import SHOWN_OPS, Diagnosis, LayerDiagnosis, interpolate, pair_c, predict
+from ..diagnosis import SHOWN_OPS, Diagnosis, LayerDiagnosis, interpolate, note_calibrations, pair_c, predict
 from ..solution import as_solution
 from .extraction import extract
 
@@ -106,8 +106,9 @@ def diagnose(
     Diagnosis`: ``str()`` is a table, ``.layers`` the rows (``LayerDiagnosis``), ``.as_dicts()`` the
     same as dicts. Empirical values are one finite-width network's: expect deviations of a few
     ``1 / sqrt(width x pairs x locations)``; average several seeds for a tighter check. Nodes after
-    pooling are marked unless ``same_locations=True``. tat and dks answers only (ValueError
-    otherwise). The model's parameters and modes are left as they were.
+    pooling are marked unless ``same_locations=True``; the ops ``apply`` calibrated on its example
+    batch are marked with the effect it measured and its factor. tat and dks answers only
+    (ValueError otherwise). The model's parameters and modes are left as they were.
     """
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
@@ -136,4 +137,5 @@ def diagnose(
     )
     if unmodelled:
         diag.notes.append(f"ops outside the graph, treated as the identity: {', '.join(sorted(unmodelled)[:8])}")
+    note_calibrations(diag, getattr(model, "sigprop_calibrations", ()))  # what apply measured
     return diag
