@@ -188,11 +188,10 @@ def test_resnet18_stem_max_pool_is_calibrated_node_by_node():
 
 @pytest.mark.slow
 def test_resnet18_logits_mean_square_at_the_answers_q():
-    """Issue 24: 16 x 3 x 64 x 64 Gaussian inputs, TAT leaky_relu eta 0.5: the logits'
-    mean square is 2.2-2.7 in the median over 12 networks without calibration and within [0.5, 2]
-    with it. (fc has
-    10 outputs and the pooled features share one dominant mean direction: one network's logits
-    scatter by a factor 2-3 around the q fc reads, which calibration puts at 1.)"""
+    """Issue 24: 16 x 3 x 64 x 64 Gaussian inputs, TAT leaky_relu eta 0.5: the logits' mean square
+    is 2.2-2.7 in the median over 12 networks without calibration and within [0.5, 2] with it.
+    (fc has 10 outputs and the pooled features share one dominant mean direction: one network's
+    logits scatter by a factor 2-3 around the q fc reads, which calibration puts at 1.)"""
     model, graph, sol = _resnet18_case(64)
     qs: dict[bool, list[float]] = {False: [], True: []}
     for seed in range(12):
