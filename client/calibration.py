@@ -2,15 +2,20 @@
 effect on q an answer cannot predict, in both adapters.
 
 The Q/C maps of an answer (TAT paper, arXiv:2203.08120, section 2.3) hold for activations that
-read Gaussian inputs. Some ops break that without any map to say by how much: max pooling (the
-maximum of k Gaussians has a mean square near 2.3 for a 3 x 3 window), average pooling of locations
-that differ (it averages correlations the per-location maps do not track), ops an adapter treats as
-the identity, and whatever the answer itself names as outside its predictions. For each such node
-the adapter runs the example batch, measures the mean square of the node's input(s) and output, and
-multiplies the node's output by ``factor = sqrt(q_target / q_out)``, where ``q_target`` is what the
-answer's maps give from the *measured* inputs (the input's q for pooling and identity-like ops,
-``Q(1)`` for an activation, ``sum w_i^2 q_i`` for a sum). The factor goes into weights, so the
-network computes it with no extra op:
+read Gaussian inputs. Some ops break that with no map to say by how much: max pooling (the maximum
+of 9 Gaussians has a mean square near 2.5 and a positive mean), the activations that read a
+max-pooled map (their input is not Gaussian), average pooling of locations that differ (it
+averages correlations the per-location maps do not track), ops an adapter treats as the
+identity, and whatever the answer itself names as outside its predictions. :func:`measured_nodes`
+is the one place that decides which nodes these are.
+
+For each such node the adapter runs the example batch, measures the mean square of the node's
+input(s) and output, and multiplies the node's output by ``factor = sqrt(q_target / q_out)``.
+``q_target`` is the q the answer predicts at the node (tat and dks: its maps composed along the
+graph, as ``diagnose`` composes them; 1 for every node of a TAT leaky_relu answer), or, where the
+answer predicts none, what its maps give from the measured inputs (the input's q for pooling and
+identity-like ops, ``Q(1)`` for an activation, ``sum w_i^2 q_i`` for a sum). The factor goes into
+weights, so the network computes it with no extra op:
 
 * ``reads``: the dense/conv layers that read the node (through identity, flatten, dropout) get
   their kernels multiplied: a linear layer's kernel scale is a scale of its input, bias untouched;
@@ -20,10 +25,10 @@ network computes it with no extra op:
 * ``multiplier``: otherwise the torch adapter inserts ``output * factor`` after the node; the JAX
   adapter cannot rewrite the model's code and reports the node as not calibrated (``none``).
 
-The ratio ``q_out / q_in`` of a pooling node does not depend on the scale of its input, so the
-factor is the op's own effect; nodes are calibrated in topological waves (a node is measured only
-after every calibrated node above it has been corrected), one forward pass of the example batch
-per wave. :func:`measured_nodes` is the one place that decides which nodes are calibrated.
+Nodes are calibrated in topological waves (a node is measured only after every calibrated node
+above it has been corrected): one forward pass of the example batch per wave, at most one per
+calibrated node, so the cost is bounded by the graph before any work starts. The factors hold for
+inputs like the batch: they are measured, not predicted.
 """
 
 from __future__ import annotations

@@ -240,10 +240,10 @@ def note_calibrations(diag: Diagnosis, calibrations) -> None:
     """Mark the rows of the ops ``apply`` measured on its example batch and rescaled
     (``sigprop.client.calibration.Calibration``), and list each one under the table."""
     by_id = {c.id: c for c in calibrations}
-    diag.layers = [
-        replace(r, note=f"calibrated: measured q x{by_id[r.id].effect:.4g}, factor {by_id[r.id].factor:.4g}")
-        if r.id in by_id
-        else r
-        for r in diag.layers
-    ]
+
+    def note(r: LayerDiagnosis) -> str:
+        c = by_id[r.id]
+        return "; ".join(filter(None, [r.note, f"calibrated: measured q x{c.effect:.4g}, factor {c.factor:.4g}"]))
+
+    diag.layers = [replace(r, note=note(r)) if r.id in by_id else r for r in diag.layers]
     diag.notes.extend(f"calibrated by apply: {c.describe()}" for c in calibrations)

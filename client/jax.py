@@ -13,7 +13,9 @@ Three things an answer tells a model, each usable on its own:
   :func:`bias_initializer_for`, which pick the one an answer's ``layers[]`` entry asks for.
 - :func:`apply_to_params` -- re-initialize an existing params tree (nested dicts, Flax or Haiku
   style) from an answer, given which param path each answer layer id is, and report what changed
-  and what was not covered.
+  and what was not covered; with a Flax ``module`` and an ``example_input`` it also measures the
+  ops the answer cannot predict (max pooling, ...) and rescales the layers around them
+  (``sigprop.client.calibration``).
 
 - :func:`graph_from_flax` -- the graph of a ``flax.linen`` module and the answer-id -> params-path
   mapping that :func:`apply_to_params` takes (``jax_extraction``: read off the jaxpr); and

@@ -85,7 +85,7 @@ def test_flax_max_pool_is_measured_and_the_next_layer_gets_the_answers_q():
     assert q["max_pool"] == pytest.approx(1.0, abs=0.06) and q["conv_1"] == pytest.approx(1.0, abs=0.12)
 
     diag = sjax.diagnose(solved.bind(params), sol, fresh[:16], calibrations=report.calibrations)
-    assert {r.id: r for r in diag.layers}["max_pool"].note.startswith("calibrated: measured q x1.5")
+    assert "calibrated: measured q x1.5" in {r.id: r for r in diag.layers}["max_pool"].note
 
 
 @pytest.mark.slow  # another model: its ops compile anew (10-20 s here); the torch twin is in the default suite
