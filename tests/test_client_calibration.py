@@ -12,6 +12,7 @@ standard error about 0.006; tolerance 0.03)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 
@@ -126,6 +127,11 @@ def test_max_pool_effect_is_the_closed_form_and_the_next_layer_gets_the_answers_
     q = _mean_squares(net, fresh, ["conv1", "pool", "conv2"])
     assert q["pool"] == pytest.approx(1.0, abs=0.05)  # was E[M^2] = 1.56
     assert q["conv2"] == pytest.approx(1.0, abs=0.1)  # the activation of a max-pooled map, measured
+    # every factor sits in a weight: the model itself can be the calibrated network
+    own = copy.deepcopy(model)
+    assert apply(own, sol, graph=graph, example_input=x, seed=0, inplace=True).model is own
+    assert [c.id for c in own.sigprop_calibrations] == ["pool", "act1", "gap"]
+    assert _mean_squares(own, fresh, ["pool"])["pool"] == pytest.approx(q["pool"], rel=1e-5)
     uncalibrated = apply(model, sol, graph=graph, example_input=x, seed=0, calibrate=False)
     assert _mean_squares(uncalibrated.model, fresh, ["pool"])["pool"] > 1.4
     assert not uncalibrated.calibrations and any("not calibrated" in n for n in uncalibrated.notes)
@@ -205,3 +211,27 @@ def test_resnet18_logits_mean_square_at_the_answers_q():
     assert statistics.median(qs[False]) > 2.0
     assert 0.5 <= statistics.median(qs[True]) <= 2.0
     assert math.isfinite(sum(qs[True]))
+
+
+def test_nodes_the_answer_names_are_measured_post_activation_resnet18():
+    """Solved under ``"assumptions": "warn"``, the post-activation layout's activations after the
+    identity-shortcut adds are the answer's ``assumptions.violations``: measured and rescaled, they
+    keep the features fc reads near q = 1, where the answer alone lets q grow block by block."""
+    torch.manual_seed(0)
+    net = normalization_free(resnet18(num_classes=10)).model
+    with pytest.warns(UserWarning, match="assumptions not met"):
+        graph = graph_from_module(net, torch.randn(2, 3, 32, 32), assumptions="warn")
+    req = SolveRequest(graph=graph, method="tat", activation="leaky_relu", targets={"eta": 0.9}, assumptions="warn")
+    sol = solve(req)
+    assert len(sol.assumptions.violations) == 5
+    g = torch.Generator().manual_seed(99)
+    example, fresh = (torch.randn(16, 3, 32, 32, generator=g) for _ in range(2))
+    q = {}
+    for cal in (False, True):
+        report = apply(net, sol, graph=graph, example_input=example, seed=0, calibrate=cal)
+        q[cal] = _mean_squares(report.model, fresh, ["avgpool"])["avgpool"]
+        if cal:
+            assert set(sol.assumptions.violations) <= {c.id for c in report.calibrations}
+            assert {c.where for c in report.calibrations} == {"reads", "multiplier"}, report.summary()
+    print(f"\nq read by fc: answer alone {q[False]:.3f}, calibrated {q[True]:.3f}")
+    assert q[False] > 3.0 and q[True] == pytest.approx(1.0, abs=0.3)
