@@ -67,7 +67,7 @@ class Calibration:
     why: str
     q_in: float  # mean square of its (first) input on the example batch
     q_out: float  # mean square of its output, before the correction
-    q_target: float  # what the answer's maps give from the measured input(s)
+    q_target: float  # the answer's q at the node (else its maps applied to the measured inputs)
     factor: float  # multiplier now on the node's output: sqrt(q_target / q_out)
     where: str  # reads | feeds | multiplier | none (not applied)
     layers: list[str] = field(default_factory=list)  # graph ids of the rescaled layers
@@ -113,14 +113,12 @@ def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, s
     named = set(uncovered)
     shapes = infer_shapes(Graph.model_validate(dict(graph)))
     out: dict[str, str] = {}
-    tainted: set[str] = set()  # values that carry a measured node's output, no layer in between
+    origin: dict[str, str] = {}  # value -> the measured node it carries, with no layer in between
     for nd in graph["nodes"]:
         op, nid = nd["op"], nd["id"]
         if op in _NEVER:
             continue
-        carried = next((i for i in nd.get("inputs", []) if i in tainted), None)
-        if op != "activation" and (carried is not None or op == "max_pool" or nid in named):
-            tainted.add(nid)
+        carried = next((origin[i] for i in nd.get("inputs", []) if i in origin), None)
         if nid in named:
             out[nid] = f"{op} outside the answer's predictions"
         elif op == "max_pool" and _window(nd) > 1:
@@ -131,6 +129,10 @@ def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, s
             out[nid] = "global average pooling"
         elif op == "activation" and carried is not None:
             out[nid] = f"activation of a non-Gaussian input (from '{carried}')"
+        if op != "activation" and carried is not None:
+            origin[nid] = carried
+        elif op != "activation" and op not in ("avg_pool", "global_avg_pool") and nid in out:
+            origin[nid] = nid  # averages of Gaussian maps stay Gaussian; the others do not
     return out
 
 

@@ -520,9 +520,10 @@ def apply_to_params(
     :class:`NothingApplied` naming what matched nothing: returning the untouched tree with a report
     nobody reads would leave the model at its old initialization without a word.
 
-    ``module`` and ``example_input`` (a ``flax.linen`` module and one batch, ``[B, F]`` or NHWC):
-    with both, the ops whose effect on q the answer cannot predict (max pooling, average pooling
-    of locations that differ, the nodes the answer names as outside its predictions;
+    ``module`` and ``example_input`` (the ``flax.linen`` module as it will run, with the answer's
+    :func:`transformed_activation`, and one batch, ``[B, F]`` or NHWC): with both, the ops whose
+    effect on q the answer cannot predict (max pooling and the activations reading it, average
+    pooling of locations that differ, the nodes the answer names as outside its predictions;
     ``sigprop.client.calibration``) are measured on the batch and brought to the q the answer
     predicts, by a factor on the kernel of the layer(s) that read them, else on the kernel and bias
     of the layer that feeds them (pooling). JAX code cannot be rewritten: a node neither can take
