@@ -4,14 +4,18 @@
 the async ones are coroutines. Both wrap one ``httpx`` client, so connections are kept alive
 between calls; use them as context managers or call ``close()`` / ``aclose()``.
 
+Validation trainings (contract section 4) have their calls next to ``solve``: ``submit_validation``,
+``validation``, ``wait_validation``, ``validations``, ``cancel_validation`` (``http_validations``).
+
 Retries (``retries`` extra attempts after the first, waiting ``backoff * 2**attempt`` seconds,
 at most ``MAX_BACKOFF_S``; a numeric ``Retry-After`` on a 503 lengthens the wait up to the same cap)
 happen only where repeating the request cannot do harm:
 
 - the connection could not be made (``httpx.ConnectError``, ``httpx.ConnectTimeout``): any call;
 - the connection broke before an answer arrived (``httpx.RemoteProtocolError``, ``httpx.ReadError``):
-  only idempotent calls, which are every call except ``delete`` (a solve is a pure function of
-  its request, and the service caches it, so sending it twice is harmless);
+  only idempotent calls, which are every call except ``delete``, ``submit_validation`` and
+  ``cancel_validation`` (a solve is a pure function of its request, and the service caches it, so
+  sending it twice is harmless; a submission sent twice would train twice);
 - the service answered 503 (``solve_timeout``, ``cache_unavailable``): any call.
 
 Nothing else is retried: not read timeouts (a slow solve would only be started again), not 429
@@ -41,6 +45,7 @@ from .. import __version__
 from ..schemas.errors import SigpropError
 from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution, SolveRequest, Targets, TrainableOptions
+from .http_validations import AsyncValidationCalls, ValidationCalls
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_BASE_URL", "MAX_BACKOFF_S"]
 
@@ -207,12 +212,16 @@ class _Base:
         return {k: _query_value(v) for k, v in params.items() if v is not None}
 
 
-class Client(_Base):
+class Client(ValidationCalls, _Base):
     """Blocking client for a sigprop service.
 
     >>> with Client("http://127.0.0.1:8000") as sp:
     ...     sol = sp.solve({"template": "mlp", "depth": 50}, "tat", "leaky_relu", {"eta": 0.9})
     ...     sol.negative_slope
+
+    Validations (``http_validations``): ``submit_validation`` (the arguments of ``solve``, or
+    ``key=``, and the training options) returns the job id; ``validation``, ``wait_validation``
+    (with a timeout), ``validations`` and ``cancel_validation`` follow it.
     """
 
     def __init__(
@@ -333,7 +342,7 @@ class Client(_Base):
         return True
 
 
-class AsyncClient(_Base):
+class AsyncClient(AsyncValidationCalls, _Base):
     """The asyncio twin of ``Client``: the same constructor, and the same methods as coroutines.
 
     >>> async with AsyncClient("http://127.0.0.1:8000") as sp:

@@ -107,6 +107,8 @@ class _Walker:
         self.kind: dict = {}  # var -> _Net | ("param", path) | "const"
         self.env: dict = {}
         self.materialized: dict = {}  # var of a resolved chain -> its node
+        self.module_types: dict[tuple, str] = {}  # Flax module path -> its class name
+        self.scope = ""  # the name stack of the equation being read ("Model/Block_0/LayerNorm_0")
 
     # -- values ------------------------------------------------------------------------------------
     def read(self, v):
@@ -124,16 +126,44 @@ class _Walker:
         self.values[gid] = value
         return gid
 
+    def module_at(self) -> tuple[str, str] | None:
+        """(path, class name) of the innermost Flax module the current equation runs in."""
+        parts = [p for p in self.scope.split("/") if p][1:]  # the first is the top module's class
+        path: tuple = ()
+        for p in parts:
+            p = p.split("(")[-1].rstrip(")")  # jit(leaky_relu) and the like are not modules
+            if path + (p,) not in self.module_types:
+                break
+            path += (p,)
+        return ("/".join(path), self.module_types[path]) if path else None
+
     def unsupported(self, why: str, hint: str = "") -> None:
+        at = self.module_at()
+        kind = at[1] if at else ""
+        if at is None:
+            where = "the Flax model's own code (its __call__, outside any submodule)"
+        else:
+            where = f"the Flax module '{at[0]}' ({kind})"
+        if "Norm" in kind:
+            hint = (
+                f"{kind} is a normalization layer, which the Q/C map analysis does not model: TAT and DKS "
+                "networks are normalization-free, remove it (the answer's initialization and transformed "
+                "activations do its job), or pass allow_unsupported=True to treat it as the identity"
+            )
+        elif "Attention" in kind:
+            hint = (
+                "attention is not supported yet (sequence models are not covered by the graph): "
+                "there is no sigprop answer for this model"
+            )
         if not self.allow:
             raise SigpropError(
                 "unsupported_op",
-                f"the Flax model computes {why}, which the sigprop graph cannot express",
+                f"{where} is not supported: it computes {why}, which the sigprop graph cannot express",
                 hint
                 or "use dense/conv layers, activations, adds, concatenations, pooling and reshapes; "
                 "or pass allow_unsupported=True to treat it as the identity",
             )
-        self.warnings.append(f"{why}: treated as the identity")
+        self.warnings.append(f"{where}: {why}: treated as the identity")
 
     def resolve(self, v, for_what: str, scaled_ok: bool = False) -> _Net:
         """The node ``v`` stands for, its pending elementwise chain turned into an activation node."""
@@ -253,7 +283,10 @@ def _layer(w: _Walker, eqn, v, path: tuple, out) -> None:
     gid_base = "/".join(str(k) for k in module).lower() or "layer"
     if eqn.primitive.name == "dot_general":
         if len(np.shape(out)) != 2:
-            return _unsupported(w, "a Dense layer on a rank > 2 tensor", [(v, src)], out, eqn.outvars[0])
+            what = (
+                f"a Dense layer on a tensor of shape {list(np.shape(out))[:-1] + ['features']} (per token or location)"
+            )
+            return _unsupported(w, what, [(v, src)], out, eqn.outvars[0])
         nd = {"op": "dense", "inputs": [src.node], "units": int(kernel[-1]), "bias": False}
     else:
         nd = _conv_node(w, eqn, src, kernel, out)
@@ -312,15 +345,17 @@ def _unsupported(w: _Walker, what: str, data: list, out, ov) -> None:
     return None
 
 
-def _identity(b):
-    return b
-
-
-def _link(k) -> Any:
-    """How an operand of an elementwise op is computed from the chain's base (None: a constant)."""
+def _link(k, ratio: float) -> Any:
+    """How an operand of an elementwise op is computed from the chain's base (None: a constant);
+    ``ratio``: the operand's base over the chain's (``0.2 * x`` in ``where(x > 0, x, 0.2 * x)``)."""
     if not isinstance(k, _Net):
         return None
-    return k.chain if k.chain is not None else _identity
+    chain = k.chain
+    if ratio == 1.0:
+        return chain if chain is not None else (lambda b: b)
+    if chain is None:
+        return lambda b: ratio * b
+    return lambda b: chain(ratio * b)
 
 
 def _rescale(w: _Walker, eqn, kinds: list, net: _Net) -> bool:
@@ -346,15 +381,26 @@ def _elementwise(w: _Walker, eqn, out) -> bool:
     nets = [(v, k) for v, k in zip(eqn.invars, kinds, strict=True) if isinstance(k, _Net)]
     if not nets or eqn.primitive.name not in _ELEMENTWISE or any(isinstance(k, tuple) for k in kinds):
         return False  # a params operand (a bias, a learned slope) is no fixed elementwise function
-    bases = {id(k.base) if k.chain is not None else id(w.env[v]) for v, k in nets}
     roots = {k.node for _, k in nets}
-    if len(bases) != 1 or len(roots) != 1 or np.shape(out) != np.shape(w.env[nets[0][0]]):
+    if len(roots) != 1 or np.shape(out) != np.shape(w.env[nets[0][0]]):
         return False
     first = nets[0][1]
     if first.chain is None and _rescale(w, eqn, kinds, first):
         return True
     base = first.base if first.chain is not None else w.env[nets[0][0]]
-    parts = [_link(k) for k in kinds]
+    # every operand's base is the same node times its own factor: a multiple of the chain's base
+    ratios = []
+    for v, k in nets:
+        own = k.base if k.chain is not None else w.env[v]
+        ratio = k.factor / first.factor
+        if own is not base:
+            if np.shape(own) != np.shape(base) or not np.allclose(
+                np.asarray(own), ratio * np.asarray(base), rtol=1e-5, atol=1e-6
+            ):
+                return False
+        ratios.append(1.0 if abs(ratio - 1.0) < 1e-12 else ratio)
+    it = iter(ratios)  # in operand order, as nets is
+    parts = [_link(k, next(it)) if isinstance(k, _Net) else None for k in kinds]
     consts = [None if isinstance(k, _Net) else w.read(v) for v, k in zip(eqn.invars, kinds, strict=True)]
     prim, params = eqn.primitive, dict(eqn.params)
 
@@ -366,12 +412,14 @@ def _elementwise(w: _Walker, eqn, out) -> bool:
     return True
 
 
-def _run(w: _Walker, jaxpr, args: list) -> list:
+def _run(w: _Walker, jaxpr, args: list, outer: str = "") -> list:
     for var, val in zip(jaxpr.invars, args, strict=True):
         w.env[var] = val
     for eqn in jaxpr.eqns:
         ins = [w.read(v) for v in eqn.invars]
         name = eqn.primitive.name
+        scope = str(eqn.source_info.name_stack)
+        w.scope = f"{outer}/{scope}" if outer and scope else outer or scope
         if name in _INLINE:
             closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
             inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
@@ -380,7 +428,7 @@ def _run(w: _Walker, jaxpr, args: list) -> list:
                 w.env[cv] = c
             for iv, ov in zip(inner.invars, eqn.invars, strict=True):
                 w.kind[iv] = w.kind_of(ov)
-            outs = _run(w, inner, ins)
+            outs = _run(w, inner, ins, w.scope)
             for ov, iv, val in zip(eqn.outvars, inner.outvars, outs, strict=True):
                 w.env[ov] = val
                 w.kind[ov] = w.kind_of(iv)
@@ -399,16 +447,42 @@ def _run(w: _Walker, jaxpr, args: list) -> list:
     return [w.read(v) for v in jaxpr.outvars]
 
 
+def _traced(module, variables, x, types: dict):
+    """The jaxpr of ``module.apply``, recording each submodule's path and class (so that an
+    unsupported op is named by the module computing it, not by a jaxpr primitive)."""
+    try:
+        from flax import linen
+    except ImportError:  # pragma: no cover - graph_from_flax is only called with Flax modules
+        linen = None
+
+    def record(next_fun, args, kwargs, context):
+        types[tuple(context.module.path)] = type(context.module).__name__
+        return next_fun(*args, **kwargs)
+
+    if linen is None:
+        return jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x)
+    with linen.intercept_methods(record):
+        return jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x)
+
+
 def extract_flax(module, variables, example_input, *, allow_unsupported: bool = False) -> FlaxExtraction:
     """Trace ``module.apply(variables, example_input)`` and read the graph off its jaxpr."""
     x = jnp.asarray(example_input)
+    if x.ndim == 3:
+        raise SigpropError(
+            "unsupported_op",
+            f"example_input has shape {list(x.shape)}: sequence inputs [B, T, D] are not supported yet "
+            "(attention, and Dense layers applied per token, are outside the graph)",
+            "sigprop covers [B, F] vectors and NHWC images [B, H, W, C]; a model that flattens the sequence "
+            "first can be given the flattened [B, T * D] input",
+        )
     if x.ndim not in (2, 4):
         raise SigpropError(
             "invalid_graph", f"example_input has shape {list(x.shape)}", "give [B, F] or NHWC [B, H, W, C]"
         )
-    closed = jax.make_jaxpr(lambda v, x: module.apply(v, x))(variables, x)
-    leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
     w = _Walker(allow_unsupported)
+    closed = _traced(module, variables, x, w.module_types)
+    leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
     shape = [int(x.shape[1])] if x.ndim == 2 else [int(x.shape[3]), int(x.shape[1]), int(x.shape[2])]
     gid = w.new_node("x", {"op": "input", "shape": shape}, x)
     inv = closed.jaxpr.invars
@@ -484,12 +558,23 @@ def input_pair(example_input, input_c: float, *, same_locations: bool = False, s
     """``(x1, x2)`` with q = 1 and cosine ``input_c`` per example (per location of NHWC maps: the
     channel axis is the last), as ``sigprop.client.torch.input_pair`` builds them: ``x1`` is
     ``example_input`` rescaled, ``x2 = input_c x1 + sqrt(1 - input_c^2) z`` with ``z`` a seeded
-    Gaussian draw orthogonal to ``x1`` with its norm."""
+    Gaussian draw orthogonal to ``x1`` with its norm; one channel (``[N, 28, 28, 1]``): +-1 signs
+    and the same with a share ``(1 - input_c) / 2`` of each example's locations flipped."""
     from .diagnosis import pair_c
 
     input_c = pair_c(input_c)
     x = np.asarray(example_input, np.float64)
-    z = np.random.default_rng(0x51D1A6 + int(seed)).standard_normal(x.shape)
+    rng = np.random.default_rng(0x51D1A6 + int(seed))
+    dtype = jnp.asarray(example_input).dtype
+    if x.ndim > 2 and x.shape[-1] == 1:  # one channel: signs, a share flipped (see the torch adapter)
+        if same_locations:
+            raise ValueError("same_locations=True needs two or more input channels")
+        x1 = np.where(x >= 0, 1.0, -1.0).reshape(x.shape[0], -1)
+        flips = round((1.0 - input_c) / 2.0 * x1.shape[1])
+        sign = np.ones_like(x1)
+        np.put_along_axis(sign, rng.random(x1.shape).argsort(axis=1)[:, :flips], -1.0, axis=1)
+        return jnp.asarray(x1.reshape(x.shape), dtype), jnp.asarray((x1 * sign).reshape(x.shape), dtype)
+    z = rng.standard_normal(x.shape)
     if same_locations and x.ndim == 4:
         x = np.broadcast_to(x.mean(axis=(1, 2), keepdims=True), x.shape)
         z = np.broadcast_to(z.mean(axis=(1, 2), keepdims=True), z.shape)
@@ -497,7 +582,6 @@ def input_pair(example_input, input_c: float, *, same_locations: bool = False, s
     x1 = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30) * math.sqrt(n)
     z = z - (z * x1).sum(-1, keepdims=True) / n * x1
     z = z / np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-30) * math.sqrt(n)
-    dtype = jnp.asarray(example_input).dtype
     return jnp.asarray(x1, dtype), jnp.asarray(input_c * x1 + math.sqrt(1 - input_c * input_c) * z, dtype)
 
 
@@ -524,23 +608,36 @@ def diagnose(
     :class:`~sigprop.client.diagnosis.Diagnosis`); the values are the graph nodes' own (an
     activation written as ``s * phi`` is measured as ``phi``, a sum as the normalized sum).
     ``calibrations``: ``apply_to_params``'s ``report.calibrations``, marked on their rows."""
-    from .diagnosis import SHOWN_OPS, Diagnosis, LayerDiagnosis, interpolate, note_calibrations, predict
+    from .diagnosis import (
+        SHOWN_OPS,
+        Diagnosis,
+        LayerDiagnosis,
+        interpolate,
+        judge,
+        note_calibrations,
+        predict,
+        stated_noise,
+        with_noise,
+    )
 
     module, variables = model if isinstance(model, tuple) else model.unbind()
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     ext = extract_flax(module, variables, jnp.concatenate([x1, x2]), allow_unsupported=True)
-    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations)
+    one_channel = x1.ndim > 2 and x1.shape[-1] == 1
+    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations, one_channel=one_channel)
     ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
     half = int(x1.shape[0])
+    noise = stated_noise(ext.graph, predicted, half)
     rows = []
     for gid, p in predicted.items():
         if ops[gid] in SHOWN_OPS:
             q, c = _q_and_c(ext.values[gid], half)
-            rows.append(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note))
+            rows.append(with_noise(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note), noise[gid]))
     c_global = interpolate(input_c, sol.c_map.c, sol.c_map.global_)
     scope = "location" if x1.ndim == 4 else "example"
     diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, half, rows, c_global)
     diag.notes.extend(ext.warnings)
     note_calibrations(diag, calibrations)
+    judge(diag, ext.graph)
     return diag

@@ -74,6 +74,11 @@ class SolveRequest(BaseModel):
     )
     c_map_points: StrictInt = Field(default=33, ge=3, le=257, description="samples of the global C map on [-1, 1]")
     trainable: TrainableOptions | None = None
+    roots: Literal["first", "all"] = Field(
+        default="first",
+        description="first: the root the search takes (contract: root selection); all: also look for the other "
+        "roots of the same conditions (tat and dks with smooth functions) and list them in other_roots",
+    )
     assumptions: Literal["strict", "warn"] = Field(
         default="strict",
         description="strict: a graph outside the kernel theory (an activation whose input holds post-activation "
@@ -120,6 +125,19 @@ class RootInfo(BaseModel):
     starting_point: list[float]
     attempt: int = Field(description="index of the starting point in the deterministic search order")
     rejected: int = Field(description="converged roots rejected as unstable (input_scale * output_scale >= 2)")
+
+
+class OtherRoot(BaseModel):
+    """Another root of the same conditions (request ``"roots": "all"``): a different network that meets
+    every condition as the chosen root does, with what tells them apart."""
+
+    input_scale: float
+    input_shift: float
+    output_scale: float
+    output_shift: float
+    local_c_0: float = Field(description="C(0) of one layer with this root")
+    network_c_f_0: float = Field(description="the whole network's global C map at 0 with this root")
+    network_c_f_0_5: float = Field(description="the whole network's global C map at 0.5 with this root")
 
 
 class ResidualBeta(BaseModel):
@@ -291,6 +309,11 @@ class Solution(BaseModel):
         default=None, description="geometric: max / min of the layers' gamma (1 = balanced)"
     )
     root: RootInfo | None = None
+    other_roots: list[OtherRoot] | None = Field(
+        default=None,
+        description="with request roots 'all' (tat and dks, smooth functions, one function per graph): the other "
+        "roots the scan along the input shift found, each meeting every condition",
+    )
     subnetworks: str | None = Field(
         default=None,
         description="which subnetworks the maxima range over: 'single-entry single-exit' regions of the graph (the "

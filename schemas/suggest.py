@@ -23,7 +23,8 @@ def closest(name: object, choices: Iterable[str]) -> str | None:
 
     A choice equal to ``name`` up to case, underscores and dashes wins (PyTorch's class names
     ``LeakyReLU``, ``SiLU`` against ``leaky_relu``, ``silu``); else the closest spelling by
-    difflib's ratio, case folded, so ``resnett`` finds ``resnet`` and ``widht`` finds ``width``.
+    difflib's ratio, case folded, so ``resnett`` finds ``resnet`` and ``widht`` finds ``width``; two
+    letters swapped find the name however short it is (``tta`` finds ``tat``).
     """
     if not isinstance(name, str) or not name:
         return None
@@ -31,6 +32,10 @@ def closest(name: object, choices: Iterable[str]) -> str | None:
     folded = {_folded(c): c for c in reversed(options)}  # the first spelling of a folded name wins
     if _folded(name) in folded:
         return folded[_folded(name)]
+    # two letters swapped ("tta" for "tat"): short names are too short for difflib's ratio to find
+    swapped = [c for f, c in folded.items() if len(f) == len(_folded(name)) and sorted(f) == sorted(_folded(name))]
+    if len(swapped) == 1 and sum(a != b for a, b in zip(_folded(name), _folded(swapped[0]), strict=True)) == 2:
+        return swapped[0]
     match = difflib.get_close_matches(_folded(name), list(folded), n=1, cutoff=0.7)
     return folded[match[0]] if match else None
 

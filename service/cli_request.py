@@ -49,6 +49,7 @@ def add_request_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=float, dest=f"target_{key}", metavar="X", help=f"target {key}")
     g.add_argument("--init", choices=["orthogonal", "gaussian"], help="weight distribution")
     g.add_argument("--assumptions", choices=["strict", "warn"], help="strict (default) or warn")
+    g.add_argument("--roots", choices=["first", "all"], help="first (default) or all: also list the other roots")
 
 
 def _param_value(text: str):
@@ -72,7 +73,7 @@ def template_params(args) -> dict:
 
 def has_request_flags(args) -> bool:
     targets = any(getattr(args, f"target_{key}") is not None for _, key in TARGET_FLAGS)
-    fields = (args.template, args.method, args.activation, args.init, args.assumptions)
+    fields = (args.template, args.method, args.activation, args.init, args.assumptions, args.roots)
     return targets or any(f is not None for f in fields) or bool(template_params(args))
 
 
@@ -97,7 +98,7 @@ def apply_flags(request: dict | None, args) -> dict:
         raise SigpropError("invalid_request", "the request must be a JSON object", "see docs/contract.md section 2")
     out = dict(request or {})
     _merge_graph(out, args)
-    for key in ("method", "activation", "init", "assumptions"):
+    for key in ("method", "activation", "init", "assumptions", "roots"):
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
     targets = {key: getattr(args, f"target_{key}") for _, key in TARGET_FLAGS}

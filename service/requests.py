@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from .errors import SigpropError
 from .schemas.graph import OPS, Graph, Template
-from .schemas.solve import SolveRequest
+from .schemas.solve import SolveRequest, Targets
 from .schemas.suggest import did_you_mean
 
 
@@ -135,10 +135,20 @@ def _classify(errs: list[dict]) -> SigpropError:
     msg = _type_note(first, first.get("msg", "invalid value"))
     more = f" (and {len(errs) - 1} more problem(s))" if len(errs) > 1 else ""
     if first.get("type") == "union_tag_invalid" or (loc and loc[-1] == "op"):
-        return SigpropError("unsupported_op", f"{where}: {msg}", f"supported ops: {', '.join(OPS)}")
+        tag = (first.get("ctx") or {}).get("tag", first.get("input"))
+        return SigpropError("unsupported_op", f"{where}: {msg}{_op_meant(tag)}", f"supported ops: {', '.join(OPS)}")
+    if first.get("type") == "extra_forbidden" and len(loc) == 1:
+        fields = [f.alias or name for name, f in SolveRequest.model_fields.items()]
+        return SigpropError(
+            "invalid_request",
+            f"{where}: unknown key {loc[0]!r}{did_you_mean(loc[0], fields)}",
+            f"a solve request has the keys {', '.join(fields)}",
+        )
     if loc[:1] == ("graph",):
         return SigpropError("invalid_graph", f"{where}: {msg}{more}", _GRAPH_HINT)
     if loc[:1] == ("targets",):
+        if first.get("type") == "extra_forbidden" and len(loc) == 2:
+            msg = f"unknown target{did_you_mean(loc[1], list(Targets.model_fields))}"
         return SigpropError("invalid_target", f"{where}: {msg}{more}", _TARGET_HINT)
     if loc[:1] == ("activation",):
         return SigpropError(
@@ -158,6 +168,32 @@ def _classify(errs: list[dict]) -> SigpropError:
         f"{where}: {msg}{more}",
         'a solve request is {"graph": ..., "method": ..., "activation": ..., "targets": {...}}',
     )
+
+
+# framework spellings of the graph's ops (PyTorch, Keras, ONNX): "did you mean" finds no close
+# spelling of 'linear' among the ops, so these are looked up first
+_OP_SPELLINGS = {
+    "linear": "dense", "fc": "dense", "gemm": "dense", "matmul": "dense", "fullyconnected": "dense",
+    "conv1d": "conv", "conv2d": "conv", "convolution": "conv",
+    "add": "sum", "residual": "sum", "cat": "concat", "concatenate": "concat",
+    "maxpool": "max_pool", "maxpool2d": "max_pool", "avgpool": "avg_pool", "avgpool2d": "avg_pool",
+    "averagepooling2d": "avg_pool", "maxpooling2d": "max_pool", "adaptiveavgpool2d": "global_avg_pool",
+    "globalaveragepool": "global_avg_pool", "globalaveragepooling2d": "global_avg_pool",
+    "reshape": "flatten", "view": "flatten", "relu": "activation", "tanh": "activation",
+    "leaky_relu": "activation", "gelu": "activation", "act": "activation",
+}  # fmt: skip
+
+
+def _op_meant(tag: object) -> str:
+    """ "; did you mean 'dense'?" for an op typed as another framework or a typo spells it."""
+    if not isinstance(tag, str):
+        return ""
+    folded = tag.lower().replace("-", "").replace("_", "")
+    meant = _OP_SPELLINGS.get(tag.lower()) or _OP_SPELLINGS.get(folded)
+    if meant is not None:
+        extra = " with fn naming the function" if meant == "activation" else ""
+        return f"; did you mean '{meant}'{extra}?"
+    return did_you_mean(tag, OPS)
 
 
 _GRAPH_HINT = (

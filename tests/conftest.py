@@ -8,3 +8,22 @@ unless the environment says otherwise (this must run before numpy is imported).
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Leave the tests' Redis database (SIGPROP_TEST_REDIS_URL, db 14 by default) empty, as found.
+
+    Only that database is flushed (FLUSHDB, never FLUSHALL); without a Redis there is nothing to do.
+    """
+    try:
+        import redis
+
+        from .service_fixtures import SHARED_REDIS_URL
+    except ImportError:
+        return
+    try:
+        client = redis.Redis.from_url(SHARED_REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+        client.flushdb()
+        client.close()
+    except redis.RedisError:
+        pass

@@ -22,6 +22,7 @@ RAW = {
     "softplus": lambda x: np.logaddexp(0.0, x),
     "tanh": np.tanh,
     "gelu": lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))),
+    "erf": erf,
 }
 
 
@@ -30,7 +31,15 @@ def phi_hat(ans):
     if ans.negative_slope is not None:
         a, g = ans.negative_slope, ans.output_scale
         return lambda x: g * np.where(x > 0, x, a * x)
+    if ans.tau is not None:  # sparse Edge of Chaos: the clipped thresholds, equations (9)-(10)
+        tau, m = ans.tau, ans.m
+        return {
+            "crelu": lambda x: np.clip(x - tau, 0.0, m),
+            "cst": lambda x: np.sign(x) * np.clip(np.abs(x) - tau, 0.0, m),
+        }[ans.activation]
     raw = RAW[ans.activation]
+    if ans.input_scale is None:  # Edge of Chaos: phi itself, with sigma_w2 and sigma_b2 in the layers
+        return raw
     al, be, ga, de = ans.input_scale, ans.input_shift, ans.output_scale, ans.output_shift
     return lambda x: ga * (raw(al * x + be) + de)
 
@@ -65,10 +74,7 @@ def forward(graph, ans, x: np.ndarray, rng: np.random.Generator, record=()) -> t
             h = x
         elif nd.op in ("dense", "conv"):
             lay = layers[nd.user_id]
-            assert lay.distribution in ("scaled_uniform_orthogonal", "orthogonal_delta") and lay.bias in (
-                "zeros",
-                "none",
-            )
+            assert lay.distribution in ("scaled_uniform_orthogonal", "orthogonal_delta")
             w = suo(lay.fan_out, lay.fan_in, lay.gain, rng)
             h = ins[0]
             if nd.op == "conv":
@@ -76,6 +82,9 @@ def forward(graph, ans, x: np.ndarray, rng: np.random.Generator, record=()) -> t
                 h = np.einsum("oc,bchw->bohw", w, h[:, :, ::sh, ::sw], optimize=True)
             else:
                 h = h @ w.T
+            if lay.bias == "gaussian":  # one draw per channel, shared by the batch and the locations
+                b = rng.standard_normal(lay.fan_out) * math.sqrt(lay.bias_variance)
+                h = h + b.reshape((1, -1) + (1,) * (h.ndim - 2))
         elif nd.op == "activation":
             h = act(ins[0])
         elif nd.op == "sum":

@@ -15,6 +15,7 @@ import pytest
 jax = pytest.importorskip("jax")
 nn = pytest.importorskip("flax.linen")
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from sigprop.client import jax as sjax  # noqa: E402
 from sigprop.engine.solve import solve  # noqa: E402
@@ -170,3 +171,95 @@ def test_concatenation_and_gelu():
     assert len(mapping) == 5
     sol = solve(SolveRequest(graph=graph, method="tat", activation="softplus", targets={"tau": 0.3}))
     assert sol.assumptions.holds
+
+
+# -- Leaky ReLU however it is written, and unsupported modules named ------------------------------
+
+
+def _leaky_nn(x):
+    return nn.leaky_relu(x, negative_slope=0.2)
+
+
+def _leaky_where(x):
+    return jnp.where(x > 0, x, 0.1 * x)
+
+
+@pytest.mark.parametrize(
+    "act,slope", [(_leaky_nn, 0.2), (jax.nn.leaky_relu, 0.01), (_leaky_where, 0.1)], ids=["nn", "jax.nn", "where"]
+)
+def test_leaky_relu_is_an_activation_however_it_is_written(act, slope):
+    """nn.leaky_relu and jax.nn.leaky_relu are a select between x and slope * x: the scaled branch
+    is the same node times a factor, so the select is one elementwise function of it."""
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 16))
+    graph, _ = sjax.graph_from_flax(MLP(depth=2, width=32, act=act), x)
+    assert _ops(graph) == {"input": 1, "dense": 3, "activation": 2, "output": 1}
+    assert [nd["id"] for nd in graph["nodes"] if nd["op"] == "activation"] == ["leaky_relu_act", "leaky_relu_act_1"]
+    from sigprop.client.jax_extraction import _PROBE, _classify
+
+    assert _classify(np.asarray(act(jnp.asarray(_PROBE, jnp.float32)), np.float64))[1] == {
+        "negative_slope": pytest.approx(slope, rel=1e-5)
+    }
+
+
+def test_a_flax_mlp_with_nn_leaky_relu_extracts_solves_applies_and_diagnoses():
+    x = jax.random.normal(jax.random.PRNGKey(1), (64, 128))
+    model = MLP(depth=6, width=256, act=_leaky_nn)
+    variables = model.init(jax.random.PRNGKey(0), x)
+    graph, mapping = sjax.graph_from_flax(model, x, variables)
+    sol = solve(SolveRequest(graph=graph, method="tat", activation="leaky_relu", targets={"eta": 0.6}))
+    params, report = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(2))
+    assert report.ok, str(report)
+    solved = MLP(depth=6, width=256, act=sjax.transformed_activation(sol))
+    assert sjax.graph_from_flax(solved, x, params)[0] == graph  # the transformed function extracts alike
+    diag = sjax.diagnose(solved.bind(params), sol, x, input_c=0.5)
+    assert diag.ok and not diag.warnings, str(diag)
+    checked = [r for r in diag.layers if r.q_noise and not r.note]
+    assert len(checked) >= 10 and all(abs(r.q_error) <= 5 * r.q_noise for r in checked), str(diag)
+    # the answer's weights with the model's own nn.leaky_relu: the activation was not swapped in
+    plain = sjax.diagnose(model.bind(params), sol, x, input_c=0.5)
+    assert not plain.ok and plain.warnings[0].startswith("node 'leaky_relu_act' (activation)"), str(plain)
+    assert "not the answer's transformed activation" in plain.warnings[0]
+
+
+class _WithLayerNorm(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(4)(nn.relu(nn.LayerNorm(name="norm")(nn.Dense(8)(x))))
+
+
+class _Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(8)(x) * nn.Dense(8)(x)  # a gate: the product of two network values
+
+
+class _Gated(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(4)(_Block()(x))
+
+
+def test_unsupported_ops_are_named_by_their_flax_module_and_type():
+    x = jnp.ones((4, 6))
+    with pytest.raises(SigpropError) as info:
+        sjax.graph_from_flax(_WithLayerNorm(), x)
+    err = info.value
+    assert err.code == "unsupported_op" and "the Flax module 'norm' (LayerNorm) is not supported" in err.message
+    assert "normalization layer" in err.hint and "normalization-free" in err.hint
+    with pytest.raises(SigpropError) as info:
+        sjax.graph_from_flax(_Gated(), x)
+    assert "the Flax module '_Block_0' (_Block)" in info.value.message, info.value.message
+    with pytest.raises(SigpropError, match="not supported yet") as info:
+        sjax.graph_from_flax(_Gated(), jnp.ones((2, 5, 6)))
+    assert "[B, T, D]" in info.value.message
+
+
+@pytest.mark.parametrize("shape", [(6, 28, 28, 1), (6, 784), (6, 12, 40), (6, 8, 8, 3)])
+def test_input_pairs_have_q_one_and_the_cosine_for_any_shape(shape):
+    """As the torch adapter's: one channel (NHWC [N, 28, 28, 1]) gets +-1 signs, a share flipped."""
+    x1, x2 = sjax.input_pair(jax.random.normal(jax.random.PRNGKey(0), shape) * 3 + 1, 0.5)
+    a, b = np.asarray(x1, np.float64).reshape(shape[0], -1), np.asarray(x2, np.float64).reshape(shape[0], -1)
+    np.testing.assert_allclose((a * a).mean(1), 1.0, atol=1e-5)
+    np.testing.assert_allclose((b * b).mean(1), 1.0, atol=1e-5)
+    cos = (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    np.testing.assert_allclose(cos, 0.5, atol=1.0 / a.shape[1] + 1e-6)

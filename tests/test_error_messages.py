@@ -223,3 +223,238 @@ def test_digits_facts_match_the_loaded_dataset():
 
     ds = load_dataset("digits", 0)
     assert BUILTIN_FACTS["digits"] == (ds.input_shape, ds.n_classes)
+
+
+# -- 6. "did you mean" over HTTP, for methods, top-level keys, targets and ops -------------------
+
+
+def _node_graph(op: str) -> dict:
+    return {
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [4]},
+            {"id": "d", "op": op, "inputs": ["x"], "units": 4},
+            {"id": "o", "op": "output", "inputs": ["d"]},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    "body,code,says",
+    [
+        ({**mlp(), "method": "tta"}, "unsupported_method", "did you mean 'tat'?"),
+        ({**mlp(), "method": "dsk"}, "unsupported_method", "did you mean 'dks'?"),
+        ({**{k: v for k, v in mlp().items() if k != "targets"}, "target": {"eta": 0.9}}, "invalid_request",
+         "target: unknown key 'target'; did you mean 'targets'?"),
+        ({**mlp(), "targets": {"etaa": 0.9}}, "invalid_target", "targets.etaa: unknown target; did you mean 'eta'?"),
+        (_with_graph(_node_graph("linear")), "unsupported_op", "'linear'"),
+        (_with_graph(_node_graph("Conv2d")), "unsupported_op", "did you mean 'conv'?"),
+        (_with_graph(_node_graph("dnese")), "unsupported_op", "did you mean 'dense'?"),
+    ],
+)  # fmt: skip
+def test_did_you_mean_over_http(tmp_path, body, code, says):
+    with app_client(tmp_path) as c:
+        err = assert_error(c.post("/v1/solve", json=body), 422, code)
+    assert says in err["message"], err
+    if body.get("graph", {}).get("nodes", [{}, {}])[1].get("op") == "linear":
+        assert "did you mean 'dense'?" in err["message"], err
+    if code == "invalid_request":
+        assert "graph, method, activation, targets" in err["hint"]
+
+
+def test_did_you_mean_is_not_offered_for_a_name_close_to_nothing():
+    err = _refused({**mlp(), "method": "adam"})
+    assert err.code == "unsupported_method" and "did you mean" not in err.message
+    assert closest("tta", ["tat", "dks"]) == "tat" and closest("tta", ["att", "tat"]) is None  # ambiguous
+
+
+# -- 7. degenerate targets ----------------------------------------------------------------------
+
+
+def test_eta_zero_warns_that_the_network_is_linear():
+    from sigprop.engine.solve import solve
+
+    sol = solve(parse_solve_request({**mlp(), "targets": {"eta": 0.0}}))
+    assert sol.negative_slope == 1.0
+    (warning,) = [w for w in sol.warnings if "linear network" in w]
+    assert warning.startswith("eta = 0 makes the transformed activation the identity (negative slope 1)")
+    assert "ask for eta > 0" in warning
+    assert not [w for w in solve(parse_solve_request(mlp())).warnings if "linear network" in w]
+
+
+@pytest.mark.parametrize(
+    "method,activation,targets,fix",
+    [("tat", "softplus", {"tau": 1e-6}, "a larger tau"), ("dks", "tanh", {"zeta": 1.000001}, "a larger zeta")],
+)
+def test_targets_next_to_the_identity_warn_too(method, activation, targets, fix):
+    from sigprop.engine.solve import solve
+
+    body = {"graph": {"template": "mlp", "depth": 20}, "method": method, "activation": activation, "targets": targets}
+    warning = next(w for w in solve(parse_solve_request(body)).warnings if "linear network" in w)
+    assert "makes the transformed activation linear" in warning and fix in warning, warning
+
+
+def test_eta_zero_warns_over_http(tmp_path):
+    with app_client(tmp_path) as c:
+        r = c.post("/v1/solve", json={**mlp(), "targets": {"eta": 0.0}})
+    assert r.status_code == 200 and any("linear network" in w for w in r.json()["warnings"])
+
+
+# -- 8. the torch adapter's refusals name the fix -------------------------------------------------
+
+
+def test_a_batchnorm_refusal_names_normalization_free():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(model, torch.randn(2, 3, 8, 8))
+    err = info.value
+    assert err.code == "unsupported_op" and "BatchNorm2d is a normalization layer" in err.message
+    assert "normalization_free(model, preactivation=True)" in err.hint
+
+
+# -- 9. sequence models: refused plainly, naming the construct ------------------------------------
+
+
+def _sequence_models():
+    torch = pytest.importorskip("torch")
+    nn, F = torch.nn, torch.nn.functional
+
+    class TokenMLP(nn.Module):  # an MLP applied to each token of [B, T, D]
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)))
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att, self.head = nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(128, 4)
+
+        def forward(self, x):
+            return self.head(self.att(x, x, x)[0].flatten(1))
+
+    class Sdpa(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(128, 4)
+
+        def forward(self, x):
+            return self.head(F.scaled_dot_product_attention(x, x, x).flatten(1))
+
+    class TokenNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.head = nn.LayerNorm(16), nn.Linear(128, 4)
+
+        def forward(self, x):
+            return self.head(self.norm(x).flatten(1))
+
+    encoder = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    return {
+        "token_mlp": (TokenMLP(), "node 'up' (Linear module 'up')", "a 3-D Linear) is not supported yet"),
+        "attention": (Attention(), "module 'att' (MultiheadAttention: attention) is not supported yet", ""),
+        "sdpa": (Sdpa(), "F.scaled_dot_product_attention (attention) is not supported yet", ""),
+        "layernorm": (TokenNorm(), "node 'norm' (LayerNorm module 'norm')", "LayerNorm over the features of each"),
+        "encoder": (encoder, "module 'TransformerEncoderLayer' (TransformerEncoderLayer: attention)", "yet"),
+    }
+
+
+@pytest.mark.parametrize("case", ["token_mlp", "attention", "sdpa", "layernorm", "encoder"])
+@pytest.mark.parametrize("allow", [False, True])
+def test_sequence_models_are_refused_as_not_supported_yet(case, allow):
+    """Not "flatten first" (wrong advice for a sequence model), not a bare fx control-flow error,
+    and not treated as the identity under allow_unsupported (that answer would be for another network)."""
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model, names, says = _sequence_models()[case]
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(model, torch.randn(2, 8, 16), allow_unsupported=allow, assumptions="warn")
+    err = info.value
+    assert err.code == "unsupported_op" and names in err.message and says in err.message, err.message
+    assert "not supported yet" in err.message and "flatten first" not in err.hint
+    assert "sequence models" in err.hint and "x.flatten(1)" in err.hint
+
+
+def test_a_sequence_flattened_first_is_an_mlp_and_is_covered():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(128, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    graph = graph_from_module(model, torch.randn(2, 8, 16))
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "flatten", "dense", "activation", "dense", "output"]
+
+
+def test_huggingface_models_are_refused_by_their_attention_module():
+    pytest.importorskip("transformers")  # not a dependency: skipped where it is not installed
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    from sigprop.client.torch import graph_from_module
+
+    model = GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2))
+    with pytest.raises(SigpropError, match="GPT2Attention: attention\\) is not supported yet"):
+        graph_from_module(model, torch.zeros(2, 8, dtype=torch.long))
+
+
+# -- 10. diagnose and the Flax adapter say what is wrong ------------------------------------------
+
+
+def test_a_one_channel_input_pair_is_not_zero():
+    """The issue's reproduction: input_pair(torch.randn(4, 1, 28, 28), 0.0) gave q(x2) = 0."""
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import input_pair
+
+    _, x2 = input_pair(torch.randn(4, 1, 28, 28), 0.0)
+    assert float((x2 * x2).mean()) == pytest.approx(1.0)
+
+
+def test_diagnose_names_an_activation_that_was_not_swapped_in():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import apply, diagnose, graph_from_module
+    from sigprop.engine.solve import solve
+
+    nn = torch.nn
+    torch.manual_seed(3)
+    model = nn.Sequential(
+        nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
+    )
+    x = torch.randn(32, 1, 28, 28)
+    graph = graph_from_module(model, x)
+    sol = solve(
+        parse_solve_request({"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.3}})
+    )
+    net = apply(model, sol, graph=graph, example_input=x, seed=0).model
+    assert diagnose(net, sol, x).ok
+    net.set_submodule("2", nn.ReLU())  # the answer's weights, the model's own ReLU
+    diag = diagnose(net, sol, x)
+    assert not diag.ok and diag.warnings[0].startswith("node '2' (activation) measures q "), diag.warnings
+    assert "it runs ReLU module '2', not the answer's transformed activation (their outputs differ" in diag.warnings[0]
+    assert "swap it in (apply() does" in diag.warnings[0]
+
+
+def test_flax_leaky_relu_extracts_and_a_layernorm_is_named_by_its_module():
+    jax = pytest.importorskip("jax")
+    nn = pytest.importorskip("flax.linen")
+    from sigprop.client.jax import graph_from_flax
+
+    class Net(nn.Module):
+        norm: bool = False
+
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(8)(x)
+            h = nn.LayerNorm()(h) if self.norm else h
+            return nn.Dense(2)(nn.leaky_relu(h, 0.2))
+
+    x = jax.numpy.ones((2, 4))
+    graph, _ = graph_from_flax(Net(), x)
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "dense", "activation", "dense", "output"]
+    with pytest.raises(SigpropError) as info:
+        graph_from_flax(Net(norm=True), x)
+    assert "the Flax module 'LayerNorm_0' (LayerNorm) is not supported" in info.value.message
+    assert "select_n" not in info.value.message and "normalization-free" in info.value.hint

@@ -13,9 +13,21 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..diagnosis import SHOWN_OPS, Diagnosis, LayerDiagnosis, interpolate, note_calibrations, pair_c, predict
+from ..diagnosis import (
+    SHOWN_OPS,
+    Diagnosis,
+    LayerDiagnosis,
+    interpolate,
+    judge,
+    note_calibrations,
+    pair_c,
+    predict,
+    stated_noise,
+    with_noise,
+)
 from ..solution import as_solution
 from .extraction import extract
+from .modules import TransformedActivation
 
 __all__ = ["diagnose", "input_pair"]
 
@@ -26,19 +38,30 @@ _PAIR_SEED_OFFSET = 0x51D1A6
 
 
 def input_pair(example_input: torch.Tensor, input_c: float, *, same_locations: bool = False, seed: int = 0):
-    """Two batches ``(x1, x2)`` with q = 1 and cosine exactly ``input_c`` per example (dense inputs)
-    or per location (feature maps: the channel vectors at each location).
+    """Two batches ``(x1, x2)`` with q = 1 and cosine ``input_c`` per example (dense inputs) or per
+    location (feature maps: the channel vectors at each location), for any input shape.
 
     ``x1`` is ``example_input`` with each example's (location's) vector rescaled to mean square 1,
     the q the TAT and DKS analyses assume. ``x2`` is its correlated copy: ``input_c * x1 +
     sqrt(1 - input_c^2) * z``, with ``z`` a seeded Gaussian draw made orthogonal to ``x1`` and of the
-    same norm. ``same_locations=True`` first replaces each example by its spatial mean at every
-    location (and ``z`` likewise), so pooling is the identity on the maps and the answer's
-    predictions hold after it too."""
+    same norm. A single channel (MNIST's ``[N, 1, 28, 28]``, a ``[N, 1, L]`` signal) has no second
+    direction at a location to be orthogonal in, so there ``x1`` is +-1 at every location (q = 1 in
+    every patch a layer reads) and ``x2`` is ``x1`` with the signs of a seeded fraction
+    ``(1 - input_c) / 2`` of each example's locations flipped: q = 1, and the cosine per example (and
+    its mean over locations) is ``input_c`` to within 1 / locations. ``same_locations=True`` first
+    replaces each example by its spatial mean at every location (and ``z`` likewise), so pooling is
+    the identity on the maps and the answer's predictions hold after it too (two or more channels)."""
     input_c = pair_c(input_c)
     x = example_input.detach().to(torch.float64 if example_input.dtype == torch.float64 else torch.float32)
     spatial = tuple(range(2, x.dim()))
     gen = torch.Generator().manual_seed(_PAIR_SEED_OFFSET + int(seed))
+    if x.dim() > 2 and x.shape[1] == 1:
+        if same_locations:
+            raise ValueError(
+                "same_locations=True needs two or more input channels: one channel, the same at every "
+                "location, gives two inputs whose cosine is +-1"
+            )
+        return _spin_pair(x, input_c, gen)
     z = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(x.device)  # drawn on the CPU: same on any device
     if same_locations and spatial:
         x = x.mean(dim=spatial, keepdim=True).expand_as(x).contiguous()
@@ -48,6 +71,17 @@ def input_pair(example_input: torch.Tensor, input_c: float, *, same_locations: b
     z = z - (z * x1).sum(1, keepdim=True) / n * x1
     z = z / z.norm(dim=1, keepdim=True).clamp_min(1e-30) * math.sqrt(n)
     return x1, input_c * x1 + math.sqrt(1.0 - input_c * input_c) * z
+
+
+def _spin_pair(x: torch.Tensor, input_c: float, gen: torch.Generator):
+    """The pair of a one-channel input: signs of ``x``, and the same with a seeded share flipped."""
+    x1 = torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
+    flat = x1.reshape(x1.shape[0], -1)
+    m = flat.shape[1]
+    flips = round((1.0 - input_c) / 2.0 * m)
+    order = torch.rand(flat.shape, generator=gen).argsort(dim=1)[:, :flips].to(x.device)
+    sign = torch.ones_like(flat).scatter_(1, order, -1.0)
+    return x1, (flat * sign).reshape(x1.shape)
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -72,8 +106,8 @@ def _q_and_c(y: torch.Tensor, half: int) -> tuple[float, float]:
     return float((y * y).mean()), float(cos.mean())
 
 
-def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> dict:
-    """Graph id -> (q, c) measured on the pair."""
+def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> tuple[dict, dict]:
+    """Graph id -> (q, c) measured on the pair, and graph id -> the node's output."""
     value_of = {}  # graph id -> fx node whose output is that node's value
     for node, e in ext.entries.items():
         value_of[e.gid] = e.inputs[0] if e.op == "output" else node
@@ -86,7 +120,8 @@ def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> dict:
     finally:
         for m, mode in modes.items():
             m.training = mode
-    return {gid: _q_and_c(rec.values[node], x1.shape[0]) for gid, node in value_of.items()}
+    values = {gid: rec.values[node] for gid, node in value_of.items()}
+    return {gid: _q_and_c(v, x1.shape[0]) for gid, v in values.items()}, values
 
 
 def diagnose(
@@ -109,16 +144,26 @@ def diagnose(
     pooling are marked unless ``same_locations=True``; the ops ``apply`` calibrated on its example
     batch are marked with the effect it measured and its factor. tat and dks answers only
     (ValueError otherwise). The model's parameters and modes are left as they were.
+
+    Every row states the noise expected of its measurement at the network's widths
+    (``q_noise``, ``c_noise``: :func:`~sigprop.client.diagnosis.stated_noise`); a row off by more
+    than ``FLAG_SIGMAS`` of it is ``flagged``, and ``.warnings`` (printed under the table) names the
+    first such node with its likely cause: the activation not swapped in, the layer not
+    initialized by the answer, an op outside the graph, a BatchNorm left in. ``.ok`` is False then.
     """
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     ext = extract(model, x1, allow_unsupported=True, keep_fn=False, warn=False)
     unmodelled = {e.gid for e in ext.entries.values() if e.unsupported}
-    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations, unmodelled=unmodelled)
-    measured = _measure(model, ext, x1, x2)
+    one_channel = x1.dim() > 2 and x1.shape[1] == 1
+    predicted = predict(
+        ext.graph, sol, input_c, same_locations=same_locations, unmodelled=unmodelled, one_channel=one_channel
+    )
+    measured, values = _measure(model, ext, x1, x2)
     ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
+    noise = stated_noise(ext.graph, predicted, int(x1.shape[0]))
     rows = [
-        LayerDiagnosis(gid, ops[gid], p.q, measured[gid][0], p.c, measured[gid][1], p.note)
+        with_noise(LayerDiagnosis(gid, ops[gid], p.q, measured[gid][0], p.c, measured[gid][1], p.note), noise[gid])
         for gid, p in predicted.items()
         if ops[gid] in SHOWN_OPS
     ]
@@ -135,7 +180,39 @@ def diagnose(
         rows,
         c_global,
     )
-    if unmodelled:
-        diag.notes.append(f"ops outside the graph, treated as the identity: {', '.join(sorted(unmodelled)[:8])}")
     note_calibrations(diag, getattr(model, "sigprop_calibrations", ()))  # what apply measured
+    outside = {e.gid: f"{e.desc}: {e.unsupported}" for e in ext.entries.values() if e.unsupported}
+    wrong = _wrong_activations(ext, sol, values)
+    judge(diag, ext.graph, suspects=wrong, outside=outside)
+    named = " ".join(diag.warnings)
+    for gid, why in list(wrong.items())[:3]:
+        if f"node '{gid}'" not in named:  # off by less than its noise, but certainly not the answer's function
+            diag.warnings.append(f"node '{gid}' (activation): {why}")
     return diag
+
+
+def _wrong_activations(ext, sol, values: dict) -> dict[str, str]:
+    """Activation nodes whose outputs on the diagnosed inputs are not the answer's transformed
+    activation of their inputs (a ReLU module left in place, an ``F.relu`` call): exact, whatever
+    the width, as the function is compared and not its statistics. Answers with several functions
+    are not checked (which node has which is the model's)."""
+    if sol.activations and len(sol.activations) > 1:
+        return {}
+    inputs = {nd["id"]: nd.get("inputs", []) for nd in ext.graph["nodes"]}
+    out = {}
+    for e in ext.entries.values():
+        if e.op != "activation" or isinstance(e.module, TransformedActivation) or not inputs.get(e.gid):
+            continue
+        x, y = values[inputs[e.gid][0]].double(), values[e.gid].double()
+        try:
+            want = TransformedActivation.from_solution(sol, defaults=e.fn_params).double()(x)
+        except (KeyError, ValueError, TypeError):
+            continue
+        gap = float((y - want).abs().max()) if y.shape == want.shape else math.inf
+        if gap > 1e-3 * (1.0 + float(want.abs().max())):
+            out[e.gid] = (
+                f"it runs {e.desc}, not the answer's transformed activation (their outputs differ by up to "
+                f"{gap:.3g} on the diagnosed inputs): swap it in (apply() does; by hand, "
+                "sigprop.client.torch.TransformedActivation)"
+            )
+    return out

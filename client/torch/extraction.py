@@ -23,7 +23,7 @@ from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
 from .modules import NormalizedSum, TransformedActivation
-from .ops import Unsupported, classify, describe
+from .ops import NotYet, Unsupported, classify, describe, sequence_module
 
 __all__ = ["graph_from_module", "extract", "Entry", "Extraction"]
 
@@ -263,7 +263,7 @@ class _Extractor:
             return (*classify(node, self.gm, ins, self.shapes), ins)
         except Unsupported as exc:
             name = _clean_id(node.target if node.op == "call_module" else node.name)
-            if not self.allow_unsupported:
+            if not self.allow_unsupported or isinstance(exc, NotYet):
                 raise SigpropError(
                     "unsupported_op", f"node '{name}' ({desc}) is not supported: {exc.why}", exc.hint
                 ) from None
@@ -306,6 +306,7 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
             f"example_input has shape {list(example_input.shape)}",
             "give a batched input: [batch, features], [batch, channels, length] or [batch, channels, height, width]",
         )
+    _refuse_sequence_modules(model)
     gm = _trace(model)
     # forward's first argument is the network input; further arguments must have defaults
     # (e.g. mask=None) and are left at them
@@ -322,6 +323,20 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
     graph = walker.run(placeholders[0])
     _check_graph(graph, walker.entries)
     return Extraction(gm, graph, walker.entries, walker.value, walker.notes, walker.traced_modules)
+
+
+def _refuse_sequence_modules(model: nn.Module) -> None:
+    """Attention and Transformer blocks, refused by name before tracing: torch.fx cannot trace
+    nn.TransformerEncoderLayer (control flow on tensors) and HuggingFace models fail inside their
+    own code, so the trace's error would not say what is wrong."""
+    for name, m in model.named_modules():
+        what = sequence_module(m, by_name=bool(name))  # the model's own class name is the user's choice
+        if what is not None:
+            raise SigpropError(
+                "unsupported_op",
+                f"module '{name or type(model).__name__}' ({what}) is not supported yet",
+                NotYet("").hint,
+            )
 
 
 def _check_graph(graph: dict, entries: dict) -> None:

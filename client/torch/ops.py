@@ -18,7 +18,7 @@ from torch import nn
 
 from .modules import ACT_MODULES, NormalizedSum, TransformedActivation
 
-__all__ = ["Unsupported", "classify", "describe"]
+__all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module"]
 
 _ACT_FUNCTIONS: dict[Any, str] = {
     F.relu: "relu",
@@ -81,9 +81,11 @@ _UNSUPPORTED_HINT = (
     "allow_unsupported=True to treat it as the identity (the answer then ignores what it does)"
 )
 _NORM_HINT = (
-    "TAT and DKS networks are normalization-free: remove it (the answer's initialization and transformed "
-    "activations do its job), or pass allow_unsupported=True to treat it as the identity (the answer then "
-    "ignores what it does)"
+    "TAT and DKS networks are normalization-free: remove it with "
+    "sigprop.client.torch.normalization_free(model, preactivation=True) (it drops the normalization "
+    "layers and rewrites a post-activation ResNet into the covered pre-activation layout; the answer's "
+    "initialization and transformed activations do their job), or pass allow_unsupported=True to treat "
+    "it as the identity (the answer then ignores what it does)"
 )
 _NORM_MODULES = (
     nn.modules.batchnorm._BatchNorm,
@@ -115,6 +117,36 @@ class Unsupported(Exception):
         super().__init__(why)
         self.why = why
         self.hint = hint
+
+
+_SEQUENCE_HINT = (
+    "sequence models (attention, layers applied per token of a [batch, tokens, features] tensor, "
+    "LayerNorm over tokens) are not supported yet: there is no sigprop answer for this model. sigprop "
+    "covers MLPs on [batch, features] and CNNs on [batch, channels, (height,) width] maps; a model that "
+    "flattens its tokens first (x.flatten(1)) before its Linear layers is an MLP and is covered"
+)
+
+
+class NotYet(Unsupported):
+    """A sequence-model construct: refused even under ``allow_unsupported`` (treating attention or
+    a per-token layer as the identity gives an answer for a different network)."""
+
+    def __init__(self, why: str):
+        super().__init__(why, _SEQUENCE_HINT)
+
+
+_ATTENTION_FUNCTIONS = {F.scaled_dot_product_attention, F.multi_head_attention_forward}
+
+
+def sequence_module(m: nn.Module, by_name: bool = True) -> str | None:
+    """What a module is when it is attention or a Transformer block (None otherwise), by type:
+    torch's own and (``by_name``) any class named ``*Attention*`` (HuggingFace's GPT2Attention,
+    BertSelfAttention)."""
+    kinds = (nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder,
+             nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)  # fmt: skip
+    if isinstance(m, kinds) or (by_name and "Attention" in type(m).__name__):
+        return f"{type(m).__name__}: attention"
+    return None
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -256,9 +288,9 @@ def _classify_module(m: nn.Module, in_shape, out_shape, extra: dict) -> tuple[st
         return "sum", {"weights": list(m.weights)}
     if isinstance(m, nn.Linear):
         if len(in_shape) != 2:
-            raise Unsupported(
-                f"Linear applied to a tensor of shape {list(in_shape)}",
-                "the graph's dense layers take [batch, features]; flatten first",
+            raise NotYet(
+                f"Linear applied to each token of a {list(in_shape)} tensor (a {len(in_shape)}-D Linear) is not "
+                "supported yet"
             )
         return "dense", {"units": int(m.out_features), "bias": m.bias is not None}
     if isinstance(m, (nn.Conv1d, nn.Conv2d)) and type(m) in (nn.Conv1d, nn.Conv2d):
@@ -287,12 +319,14 @@ def _classify_module(m: nn.Module, in_shape, out_shape, extra: dict) -> tuple[st
         )
     if type(m) in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d):
         return _adaptive(m.output_size, in_shape, type(m) is nn.AdaptiveAvgPool1d)
+    if isinstance(m, nn.LayerNorm) and len(in_shape) == 3 and list(m.normalized_shape) == [in_shape[-1]]:
+        raise NotYet(f"LayerNorm over the features of each token of a {list(in_shape)} tensor is not supported yet")
     if isinstance(m, _NORM_MODULES):
         raise Unsupported(
             f"{type(m).__name__} is a normalization layer, which the Q/C map analysis does not model", _NORM_HINT
         )
-    if isinstance(m, nn.MultiheadAttention):
-        raise Unsupported("attention is not covered by the Q/C map analysis")
+    if sequence_module(m):
+        raise NotYet(f"{sequence_module(m)} is not supported yet")
     raise Unsupported(f"{type(m).__name__} is not an op of the sigprop graph")
 
 
@@ -390,4 +424,10 @@ def _classify_call(node: torch.fx.Node, data_in: list, shapes: dict, extra: dict
         return _pool_call(node)
     if not method and target in _ADAPTIVE_FUNCTIONS:
         return _adaptive(_arg(node, 1, "output_size"), in_shape, target is F.adaptive_avg_pool1d)
+    if not method and target in _ATTENTION_FUNCTIONS:
+        raise NotYet(f"F.{getattr(target, '__name__', 'attention')} (attention) is not supported yet")
+    if not method and target in (F.linear,) and in_shape is not None and len(in_shape) != 2:
+        raise NotYet(f"F.linear applied to each token of a {list(in_shape)} tensor is not supported yet")
+    if not method and target is F.layer_norm and in_shape is not None and len(in_shape) == 3:
+        raise NotYet(f"F.layer_norm over the features of each token of a {list(in_shape)} tensor is not supported yet")
     raise Unsupported("it is not an op of the sigprop graph")

@@ -40,10 +40,14 @@ from fastapi.responses import RedirectResponse, Response
 from jinja2 import Environment, PackageLoader
 
 from .. import __version__
-from ..engine.activations import ACTIVATION_NAMES, SMOOTH_ACTIVATIONS
-from ..engine.sparse_eoc import CLIPPED_KINDS, SPARSE_KINDS
 from ..engine.templates import describe_templates
 from ..errors import SigpropError
+from ..schemas.activations import (
+    ACTIVATION_NAMES,
+    CLIPPED_SPARSE_ACTIVATIONS,
+    SMOOTH_ACTIVATIONS,
+    UNCLIPPED_SPARSE_ACTIVATIONS,
+)
 from ..schemas.solve import Targets
 from ..storage import ACTIVE
 from ..storage.records import finite_json
@@ -131,11 +135,11 @@ def form_catalog() -> dict:
         },
         "sparse_eoc": {
             "label": "sparse_eoc · sparse EoC",
-            "activations": list(SPARSE_KINDS),
+            "activations": [*UNCLIPPED_SPARSE_ACTIVATIONS, *CLIPPED_SPARSE_ACTIVATIONS],
             "targets": {
                 **{
                     k: [target("sparsity", True), target("v_slope", True), target("q_star", False)]
-                    for k in CLIPPED_KINDS
+                    for k in CLIPPED_SPARSE_ACTIVATIONS
                 },
                 "*": [target("sparsity", True), target("q_star", False)],
             },

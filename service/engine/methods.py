@@ -28,7 +28,7 @@ from ..schemas.solve import (
     VMapSample,
 )
 from ..schemas.structure import StructureReport, pooling_warnings
-from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, sparse_eoc, tat
+from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, root_scan, sparse_eoc, tat
 from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
@@ -255,6 +255,8 @@ def _eoc(m: MethodInput) -> Solution:
     top = 0 if len(acts) == 1 else next((k for k, a in enumerate(acts) if a.name == want), None)
     shown = top if top is not None else 0
     layers, notes = _eoc_layers(m, acts, sols, shown)
+    global_at, more = eoc.network_c_map(program, graph, acts, sols, grid, shown)
+    notes += more
     per = {
         a.name: ActivationParams(sigma_w2=s.sigma_w2, sigma_b2=s.sigma_b2, chi_1=s.chi_1)
         for a, s in zip(acts, sols, strict=True)
@@ -276,9 +278,7 @@ def _eoc(m: MethodInput) -> Solution:
         q_star=qs,
         activations=per if len(acts) > 1 else None,
         jacobian=jacobian.summary(graph, acts[shown]) if len(acts) == 1 else None,
-        c_map=CMapSample(
-            c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, shown).tolist()
-        ),
+        c_map=CMapSample(c=grid.tolist(), global_=global_at.tolist(), local=combined(grid, shown).tolist()),
         layers=layers,
         warnings=_warnings_for(graph, m.report) + notes + sum((_c_map_accuracy(t) for t in tables), []),
     )
@@ -401,6 +401,8 @@ def _sparse_eoc(m: MethodInput) -> Solution:
 
     grid = _c_grid(request.c_map_points)
     qs_grid = np.linspace(3 * qs / request.c_map_points, 3 * qs, request.c_map_points)
+    as_eoc = eoc.EOCSolution(qs, sw2, sb2, sol.chi_1, sol.v_slope, sol.v_curvature)
+    global_at, notes = eoc.network_c_map(program, graph, [act], [as_eoc], grid, 0, terms=160)
     depth = graph.depth()
     return Solution(
         **m.common(),
@@ -423,11 +425,9 @@ def _sparse_eoc(m: MethodInput) -> Solution:
             q=qs_grid.tolist(),
             v=np.asarray(sparse_eoc.variance_map(request.activation, qs_grid, sol.tau, sol.m, sw2, sb2)).tolist(),
         ),
-        c_map=CMapSample(
-            c=grid.tolist(), global_=program.global_map(grid, combined).tolist(), local=combined(grid, 0).tolist()
-        ),
+        c_map=CMapSample(c=grid.tolist(), global_=global_at.tolist(), local=combined(grid, 0).tolist()),
         layers=layer_inits(graph, request.init, sw2, sb2),
-        warnings=_warnings_for(graph, m.report) + list(sol.warnings) + _c_map_accuracy(table),
+        warnings=_warnings_for(graph, m.report) + list(sol.warnings) + notes + _c_map_accuracy(table),
     )
 
 
@@ -574,9 +574,17 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
             starting_point=list(shown.tr.starting_point), attempt=shown.tr.attempt, rejected=shown.tr.rejected
         ),
         c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=shown.table(grid).tolist()),
+        other_roots=_other_roots(m, per),
         layers=layer_inits(graph, m.request.init),
         warnings=warnings,
     )
+
+
+def _other_roots(m: MethodInput, per: list[_Local]) -> list | None:
+    """Only asked for (``roots: all``), for one smooth function: a rectifier's root is unique or dks's."""
+    if m.request.roots != "all" or len(per) != 1 or not per[0].has_curv:
+        return None
+    return root_scan.other_roots(m.program, per[0].act, per[0].tr, m.request.method, m.targets)
 
 
 METHODS: dict[str, Method] = {

@@ -63,6 +63,8 @@ def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
     }
     if request.trainable is not None:
         payload["trainable"] = request.trainable.model_dump()
+    if request.roots != "first":  # the default leaves the key as it was
+        payload["roots"] = request.roots
     if request.assumptions != "strict":  # the default leaves the key as it was
         payload["assumptions"] = request.assumptions
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
@@ -112,7 +114,7 @@ def solve_canonical(prep: Prepared) -> Solution:
         MethodInput(request, graph, prep.key, compile_subnetworks(graph), report, check_targets(request))
     )
     if method.kernel:
-        answer.warnings = notes + answer.warnings
+        answer.warnings = notes + answer.warnings + _degenerate(request, answer)
         answer.subnetworks = SUBNETWORK_CONVENTION
         answer.assumptions = AssumptionReport(
             mode=request.assumptions,
@@ -125,6 +127,33 @@ def solve_canonical(prep: Prepared) -> Solution:
         answer.trainable, notes = _trainable(anonymous, answer)
         answer.warnings.extend(notes)
     return answer
+
+
+# how close to the identity a local C map may be before the answer says the network is linear
+_LINEAR_C_MAP = 1e-4
+
+
+def _degenerate(request: SolveRequest, answer: Solution) -> list[str]:
+    """A warning when the targets make every transformed activation (nearly) linear: the C map is
+    then the identity, and the network computes a linear map of its input (TAT paper, section 3:
+    eta = 0 is Leaky ReLU with negative slope 1, the identity function)."""
+    cm = answer.c_map
+    if cm is None or not cm.local:
+        return []
+    gap = max(abs(y - c) for c, y in zip(cm.c, cm.local, strict=True))
+    if gap > _LINEAR_C_MAP:
+        return []
+    targets = request.targets.model_dump(exclude_none=True)
+    asked = ", ".join(f"{k} = {v:.10g}" for k, v in targets.items()) or "these targets"
+    slope = f" (negative slope {answer.negative_slope:g})" if answer.negative_slope is not None else ""
+    better = {"eta": "eta > 0 (the TAT paper uses 0.9)", "tau": "a larger tau", "zeta": "a larger zeta"}
+    fix = next((better[k] for k in targets if k in better), "targets further from the identity")
+    exact = gap == 0.0
+    return [
+        f"{asked} makes the transformed activation {'the identity' if exact else 'linear'}{slope}: the network "
+        "becomes a linear network (a product of its weight matrices, no more expressive than one linear layer; "
+        f"its C map is the identity{'' if exact else f' to within {gap:.1g}'}); ask for {fix}"
+    ]
 
 
 def _trainable(prep: Prepared, answer: Solution) -> tuple[TrainableAnswer, list[str]]:

@@ -1,10 +1,12 @@
 """What ``run_validation`` accepts, turned into typed inputs: the training fields of a validation
 request, the answer to validate and the graph that was solved, each rejected with a contract error
-saying what is accepted."""
+saying what is accepted; and the ``TrainConfig`` every run of one validation trains with (torch-free,
+so the results module can name it without importing the training loop)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,6 +18,10 @@ from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution
 from ..schemas.validation import ValidationRequest
 
+# Measured on digits with a depth-50 TReLU MLP: SGD (momentum 0.9) diverges at lr >= 0.01 and
+# Adam is unstable at 1e-3, while 0.002 / 3e-4 train it to ~0.95 test accuracy in 300 steps.
+DEFAULT_LR = {"sgd": 0.002, "adam": 3e-4}
+SGD_MOMENTUM = 0.9
 _TRAIN_FIELDS = ("dataset", "steps", "batch_size", "optimizer", "lr", "seed", "baselines")
 
 
@@ -79,3 +85,55 @@ def _request_init(request: Any, solution: Solution) -> str:
     if solve is not None and getattr(solve, "init", None) in ("orthogonal", "gaussian"):
         return solve.init
     return "gaussian" if any(la.distribution == "gaussian" for la in solution.layers) else "orthogonal"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How every run of one validation trains."""
+
+    dataset: str
+    steps: int
+    batch_size: int  # the request's, at most the training set's size
+    optimizer: str
+    lr: float
+    seed: int
+    runs: tuple[str, ...]  # "solved", then the baselines in request order
+    eval_every: int  # test-accuracy curve spacing, in steps
+    loss_every: int  # training-loss curve spacing
+    progress_every: int
+    init: str  # weight distribution of the EOC baseline
+
+    @classmethod
+    def create(
+        cls, req: ValidationRequest, request: Any, sol: Solution, n_train: int, eval_every: int | None
+    ) -> TrainConfig:
+        """From the validated training fields ``req`` of ``request`` (whose ``solve.init`` picks
+        the EOC baseline's distribution), for a training set of ``n_train`` examples."""
+        steps = req.steps
+        return cls(
+            dataset=req.dataset,
+            steps=steps,
+            batch_size=min(req.batch_size, n_train),
+            optimizer=req.optimizer,
+            lr=float(req.lr) if req.lr is not None else DEFAULT_LR[req.optimizer],
+            seed=req.seed,
+            runs=("solved", *(b for i, b in enumerate(req.baselines) if b not in req.baselines[:i])),
+            eval_every=max(1, int(eval_every) if eval_every else steps // 10),
+            loss_every=max(1, steps // 100),
+            progress_every=max(1, steps // 100),
+            init=_request_init(request, sol),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "momentum": SGD_MOMENTUM if self.optimizer == "sgd" else None,
+            "seed": self.seed,
+            "baselines": list(self.runs[1:]),
+            "eval_every": self.eval_every,
+            "loss_every": self.loss_every,
+            "init": self.init,
+        }

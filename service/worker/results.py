@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from .inputs import TrainConfig
 from .measurements import ActivationStats, CValues
-
-if TYPE_CHECKING:  # the config lives with the training loop, which imports this module
-    from .training import TrainConfig
 
 __all__ = ["GradNorms", "Curves", "RunResult", "RunError", "ValidationResults", "compare", "finite"]
 

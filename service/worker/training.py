@@ -30,7 +30,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,19 +40,14 @@ from ..engine.graph import NetworkGraph, build_graph
 from ..errors import SigpropError
 from ..schemas.graph import Graph
 from ..schemas.solve import Solution, SolveRequest
-from ..schemas.validation import ValidationRequest
 from .datasets import Dataset, load_dataset
-from .inputs import _as_graph, _as_solution, _request_init, _training_config
+from .inputs import DEFAULT_LR, SGD_MOMENTUM, TrainConfig, _as_graph, _as_solution, _training_config
 from .measurements import activation_stats, c_values, evaluate, grad_norms, predicted_c0
 from .models import RELU_FAMILY, SPARSE_ACTIVATIONS, build_model, build_solved, he_init
 from .results import Curves, GradNorms, RunError, RunResult, ValidationResults, compare, finite
 
 __all__ = ["run_validation", "Cancelled", "DEFAULT_LR", "compare", "input_mean_square", "TrainConfig"]
 
-# Measured on digits with a depth-50 TReLU MLP: SGD (momentum 0.9) diverges at lr >= 0.01 and
-# Adam is unstable at 1e-3, while 0.002 / 3e-4 train it to ~0.95 test accuracy in 300 steps.
-DEFAULT_LR = {"sgd": 0.002, "adam": 3e-4}
-SGD_MOMENTUM = 0.9
 GRAD_NORM_STEPS = 3  # per-layer gradient norms are recorded at steps 0, 1, 2 and at the last step
 STATS_BATCH = 512  # training examples for sparsity / dead-unit statistics
 CURVE_TEST_MAX = 2048  # test examples evaluated at curve points (the final evaluation uses all)
@@ -69,58 +63,6 @@ def _pick_device(device: str | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """How every run of one validation trains."""
-
-    dataset: str
-    steps: int
-    batch_size: int  # the request's, at most the training set's size
-    optimizer: str
-    lr: float
-    seed: int
-    runs: tuple[str, ...]  # "solved", then the baselines in request order
-    eval_every: int  # test-accuracy curve spacing, in steps
-    loss_every: int  # training-loss curve spacing
-    progress_every: int
-    init: str  # weight distribution of the EOC baseline
-
-    @classmethod
-    def create(
-        cls, req: ValidationRequest, request: Any, sol: Solution, n_train: int, eval_every: int | None
-    ) -> TrainConfig:
-        """From the validated training fields ``req`` of ``request`` (whose ``solve.init`` picks
-        the EOC baseline's distribution), for a training set of ``n_train`` examples."""
-        steps = req.steps
-        return cls(
-            dataset=req.dataset,
-            steps=steps,
-            batch_size=min(req.batch_size, n_train),
-            optimizer=req.optimizer,
-            lr=float(req.lr) if req.lr is not None else DEFAULT_LR[req.optimizer],
-            seed=req.seed,
-            runs=("solved", *(b for i, b in enumerate(req.baselines) if b not in req.baselines[:i])),
-            eval_every=max(1, int(eval_every) if eval_every else steps // 10),
-            loss_every=max(1, steps // 100),
-            progress_every=max(1, steps // 100),
-            init=_request_init(request, sol),
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "steps": self.steps,
-            "batch_size": self.batch_size,
-            "optimizer": self.optimizer,
-            "lr": self.lr,
-            "momentum": SGD_MOMENTUM if self.optimizer == "sgd" else None,
-            "seed": self.seed,
-            "baselines": list(self.runs[1:]),
-            "eval_every": self.eval_every,
-            "loss_every": self.loss_every,
-            "init": self.init,
-        }
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ...storage import CacheUnavailable
 from ..deps import Run
 from ..observability import metrics_payload
 
-router = APIRouter()
+router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")

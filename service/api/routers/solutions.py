@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from ..deps import Run, Solutions, require_key
 from ..openapi import ERRORS
 
-router = APIRouter(prefix="/v1/solutions")
+router = APIRouter(prefix="/v1/solutions", tags=["solutions"])
 SolutionKey = Annotated[str, Path(max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
 
 

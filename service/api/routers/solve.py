@@ -8,7 +8,7 @@ from ...schemas.solve import Solution, SolveRequest
 from ..auth import client_identity
 from ..openapi import ERRORS, LIMITED, request_body
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", tags=["solve"])
 
 
 @router.post(

@@ -14,7 +14,7 @@ from ...schemas.graph import Template
 from ..deps import Run, Solutions
 from ..openapi import ERRORS
 
-router = APIRouter(prefix="/v1/templates")
+router = APIRouter(prefix="/v1/templates", tags=["templates"])
 
 
 def _query_value(text: str):
