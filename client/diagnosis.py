@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..schemas.graph import OPS, Graph
 from ..schemas.shapes import infer_shapes
@@ -45,6 +45,7 @@ __all__ = [
     "check_solution",
     "interpolate",
     "pair_c",
+    "note_calibrations",
     "SHOWN_OPS",
 ]
 
@@ -435,3 +436,16 @@ def judge(diag: Diagnosis, graph: dict, *, suspects: dict[str, str] | None = Non
                 "(torch: normalization_free(model, preactivation=True)) and solve and apply again"
             )
         diag.warnings.append(text)
+
+
+def note_calibrations(diag: Diagnosis, calibrations) -> None:
+    """Mark the rows of the ops ``apply`` measured on its example batch and rescaled
+    (``sigprop.client.calibration.Calibration``), and list each one under the table."""
+    by_id = {c.id: c for c in calibrations}
+
+    def note(r: LayerDiagnosis) -> str:
+        c = by_id[r.id]
+        return "; ".join(filter(None, [r.note, f"calibrated: measured q x{c.effect:.4g}, factor {c.factor:.4g}"]))
+
+    diag.layers = [replace(r, note=note(r)) if r.id in by_id else r for r in diag.layers]
+    diag.notes.extend(f"calibrated by apply: {c.describe()}" for c in calibrations)

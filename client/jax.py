@@ -13,7 +13,9 @@ Three things an answer tells a model, each usable on its own:
   :func:`bias_initializer_for`, which pick the one an answer's ``layers[]`` entry asks for.
 - :func:`apply_to_params` -- re-initialize an existing params tree (nested dicts, Flax or Haiku
   style) from an answer, given which param path each answer layer id is, and report what changed
-  and what was not covered.
+  and what was not covered; with a Flax ``module`` and an ``example_input`` it also measures the
+  ops the answer cannot predict (max pooling, ...) and rescales the layers around them
+  (``sigprop.client.calibration``).
 
 - :func:`graph_from_flax` -- the graph of a ``flax.linen`` module and the answer-id -> params-path
   mapping that :func:`apply_to_params` takes (``jax_extraction``: read off the jaxpr); and
@@ -275,7 +277,9 @@ class ApplyReport:
     - ``uncovered_kernels``: paths of kernel leaves in the tree that no answer layer initialized;
     - ``shape_mismatches``: ``(layer_id, path, shape, why)`` for kernels whose fan-in / fan-out
       disagree with the answer's layer (left untouched);
-    - ``warnings``: anything else worth knowing (a bias the answer's layer does not have, ...).
+    - ``warnings``: anything else worth knowing (a bias the answer's layer does not have, ...);
+    - ``calibrations``: the ops measured on ``example_input`` and the factor each got
+      (:class:`sigprop.client.calibration.Calibration`; pass them to :func:`diagnose`).
     """
 
     changed: list[ParamChange] = field(default_factory=list)
@@ -285,6 +289,7 @@ class ApplyReport:
     uncovered_kernels: list[tuple] = field(default_factory=list)
     shape_mismatches: list[tuple[str, tuple, tuple[int, ...], str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    calibrations: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -314,6 +319,7 @@ class ApplyReport:
             lines.append(f"  kernel not covered: {'/'.join(map(str, path))}")
         for lid, path, shape, why in self.shape_mismatches:
             lines.append(f"  shape mismatch: layer {lid!r} -> {'/'.join(map(str, path))} {shape}: {why}")
+        lines.extend(f"  calibrated {c.describe()}" for c in self.calibrations)
         lines.extend(f"  warning: {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -505,6 +511,8 @@ def apply_to_params(
     *,
     kernel_names: Sequence[str] = ("kernel", "w"),
     bias_names: Sequence[str] = ("bias", "b"),
+    module=None,
+    example_input=None,
 ) -> tuple[Any, ApplyReport]:
     """Re-initialize a params tree from an answer; returns ``(new_params, report)``.
 
@@ -528,6 +536,15 @@ def apply_to_params(
     mapped id unknown, every path missing or mismatched, an empty mapping), it raises
     :class:`NothingApplied` naming what matched nothing: returning the untouched tree with a report
     nobody reads would leave the model at its old initialization without a word.
+
+    ``module`` and ``example_input`` (the ``flax.linen`` module as it will run, with the answer's
+    :func:`transformed_activation`, and one batch, ``[B, F]`` or NHWC): with both, the ops whose
+    effect on q the answer cannot predict (max pooling and the activations reading it, average
+    pooling of locations that differ, the nodes the answer names as outside its predictions;
+    ``sigprop.client.calibration``) are measured on the batch and brought to the q the answer
+    predicts, by a factor on the kernel of the layer(s) that read them, else on the kernel and bias
+    of the layer that feeds them (pooling). JAX code cannot be rewritten: a node neither can take
+    is reported in ``warnings`` with its factor. ``report.calibrations`` lists each one.
     """
     sol = as_solution(solution)
     layers = {layer.id: layer for layer in sol.layers}
@@ -580,6 +597,11 @@ def apply_to_params(
         )
     if not report.changed:
         raise NothingApplied(report, len(layers), len(mapping))
+    if module is not None and example_input is not None:
+        from .jax_calibration import calibrate_params
+
+        new, report.calibrations, notes = calibrate_params(module, new, sol, example_input, kernel_names, bias_names)
+        report.warnings.extend(notes)
     return new, report
 
 

@@ -592,13 +592,33 @@ def _q_and_c(y, half: int) -> tuple[float, float]:
     return float((y * y).mean()), float(cos.mean())
 
 
-def diagnose(model, solution, example_input, *, input_c: float = 0.5, same_locations: bool = False, seed: int = 0):
+def diagnose(
+    model,
+    solution,
+    example_input,
+    *,
+    input_c: float = 0.5,
+    same_locations: bool = False,
+    seed: int = 0,
+    calibrations=(),
+):
     """Per-node q and c of a Flax model against the answer: ``model`` is a bound module
     (``module.bind(variables)``, e.g. with the params :func:`apply_to_params` returned) or a
     ``(module, variables)`` pair. As ``sigprop.client.torch.diagnose`` (same pair of inputs, same
     :class:`~sigprop.client.diagnosis.Diagnosis`); the values are the graph nodes' own (an
-    activation written as ``s * phi`` is measured as ``phi``, a sum as the normalized sum)."""
-    from .diagnosis import SHOWN_OPS, Diagnosis, LayerDiagnosis, interpolate, judge, predict, stated_noise, with_noise
+    activation written as ``s * phi`` is measured as ``phi``, a sum as the normalized sum).
+    ``calibrations``: ``apply_to_params``'s ``report.calibrations``, marked on their rows."""
+    from .diagnosis import (
+        SHOWN_OPS,
+        Diagnosis,
+        LayerDiagnosis,
+        interpolate,
+        judge,
+        note_calibrations,
+        predict,
+        stated_noise,
+        with_noise,
+    )
 
     module, variables = model if isinstance(model, tuple) else model.unbind()
     sol = as_solution(solution)
@@ -618,5 +638,6 @@ def diagnose(model, solution, example_input, *, input_c: float = 0.5, same_locat
     scope = "location" if x1.ndim == 4 else "example"
     diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, half, rows, c_global)
     diag.notes.extend(ext.warnings)
+    note_calibrations(diag, calibrations)
     judge(diag, ext.graph)
     return diag

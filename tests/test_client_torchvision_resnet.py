@@ -87,7 +87,8 @@ def test_torchvision_resnet_end_to_end_matches_the_answer_layer_by_layer(build, 
 
     runs = []
     for seed in range(networks):
-        net = apply(converted.model, sol, graph=graph, example_input=x[:2], seed=seed).model
+        # pooling is the identity on these inputs: no calibration on a batch whose locations differ
+        net = apply(converted.model, sol, graph=graph, example_input=x[:2], seed=seed, calibrate=False).model
         runs.append(diagnose(net, sol, x, input_c=0.0, same_locations=True, seed=seed))
     diag = _averaged(runs)
     print(f"\n{build.__name__}:\n{diag}")

@@ -36,6 +36,12 @@ change (adds and activations written in ``forward``), leaving the model untouche
 Ops the graph cannot express stay in the rewritten model exactly as they were (they were identities
 for the solve) and are reported.
 
+Where the theory is silent, ``apply`` measures: with ``example_input`` (and ``calibrate=True``, the
+default) it runs the batch and brings the output of every max pool, every activation reading a
+max-pooled map, every average pool of locations that differ, every op treated as the identity and
+every node the answer names as outside its predictions to the q the answer predicts, by a factor on
+the layer that reads (or feeds) it (``sigprop.client.calibration``; ``report.calibrations``).
+
 ``apply(..., residual="recommended")`` weights the residual adds with the answer's
 ``jacobian.recommended`` shortcut and branch weights instead of the graph's.
 
@@ -48,7 +54,8 @@ layers kept under ``allow_unsupported``, modules never called in ``forward``), a
 
 The package: ``modules`` (:class:`TransformedActivation`, :class:`NormalizedSum`, which torch
 modules compute which catalogue activation), ``ops`` (what each traced torch op is in the graph),
-``extraction`` (:func:`graph_from_module`), ``apply`` (:func:`apply` and its report), ``diagnose``
+``extraction`` (:func:`graph_from_module`), ``apply`` (:func:`apply` and its report), ``calibrate``
+(the measured ops), ``diagnose``
 (:func:`diagnose`), ``convert`` (:func:`normalization_free`).
 
 Importing this package needs PyTorch: ``pip install 'sigprop[torch]'``. It imports nothing of the

@@ -20,11 +20,13 @@ from torch import nn
 from ...schemas.activations import canonical_name
 from ...schemas.errors import SigpropError
 from ...schemas.solve import LayerInit, Solution
+from ..calibration import Calibration, answer_uncovered, measured_nodes
 from ..solution import as_solution
+from .calibrate import calibrate_model
 from .extraction import Entry, Extraction, extract
 from .modules import NormalizedSum, TransformedActivation
 
-__all__ = ["apply", "ApplyReport", "ActivationChange", "LayerChange", "SumChange"]
+__all__ = ["apply", "ApplyReport", "ActivationChange", "LayerChange", "SumChange", "Calibration"]
 
 
 @dataclass
@@ -73,6 +75,7 @@ class ApplyReport:
     sums: list[SumChange] = field(default_factory=list)
     missing_layers: list[str] = field(default_factory=list)  # answer layer ids with no module in the model
     uninitialized: list[str] = field(default_factory=list)  # modules with parameters the answer did not cover
+    calibrations: list[Calibration] = field(default_factory=list)  # ops measured on example_input
     notes: list[str] = field(default_factory=list)  # things the caller must do (input scale, ...)
     warnings: list[str] = field(default_factory=list)
 
@@ -98,6 +101,7 @@ class ApplyReport:
             + (f" ({c.source})" if c.source != "graph" else "")
             for c in self.sums
         ]
+        lines += [f"  calibrated {c.describe()}" for c in self.calibrations]
         lines += [f"  MISSING: answer layer '{i}' has no module in the model" for i in self.missing_layers]
         lines += [f"  NOT INITIALIZED: {m}" for m in self.uninitialized]
         lines += [f"  note: {n}" for n in self.notes]
@@ -410,6 +414,23 @@ def _apply_output(rw: _Rewrite, sol: Solution) -> None:
         report.notes.append(f"the kernel analysis assumes inputs with mean squared value q = {q:.6g} per example")
 
 
+def _calibrate(rw: _Rewrite, sol: Solution, example_input: torch.Tensor | None) -> None:
+    """Measure on ``example_input`` the ops the answer cannot predict and undo their effect on q."""
+    if example_input is None:
+        unmodelled = [e.gid for e in rw.ext.entries.values() if e.unsupported]
+        pending = measured_nodes(rw.ext.graph, [*answer_uncovered(sol), *unmodelled])
+        if pending:
+            rw.report.notes.append(
+                f"not calibrated (no example_input, or calibrate=False): {', '.join(list(pending)[:8])} change q "
+                "in a way the answer does not predict; apply(..., example_input=batch) measures and undoes it"
+            )
+        return
+    weights = {c.id: list(c.weights) for c in rw.report.sums}
+    cals, warnings = calibrate_model(rw.ext, rw.resolve, sol, weights, example_input, rw.out_of_place)
+    rw.report.calibrations.extend(cals)
+    rw.report.warnings.extend(warnings)
+
+
 def _report_uncovered(target: nn.Module, ext: Extraction, initialized: set[int], report: ApplyReport) -> None:
     """Modules with parameters that the answer did not cover, and why."""
     for name, mod in target.named_modules():
@@ -484,6 +505,7 @@ def apply(
     inplace: bool = False,
     seed: int | None = None,
     residual: Literal["graph", "recommended"] = "graph",
+    calibrate: bool = True,
 ) -> ApplyReport:
     """Rewrite ``model`` as ``solution`` (an answer of ``POST /v1/solve`` for ``graph_from_module(model)``) says.
 
@@ -500,7 +522,17 @@ def apply(
 
     ``graph`` is the graph that was solved (its sum weights are used; default: extracted again);
     ``example_input`` is needed for shape propagation (default: a random batch of the graph's input
-    shape). ``seed`` makes the re-initialization reproducible. ``residual="recommended"`` weights
+    shape). Given, it also calibrates (``calibrate=True``, the default) the ops whose effect on q
+    the answer cannot predict (``sigprop.client.calibration``): max pooling, average pooling of
+    locations that differ, ops treated as the identity, and the nodes the answer names as outside
+    its predictions. Each one's output is measured on the batch (eval mode) and brought to the q
+    the answer predicts there by a factor on the kernel of the layer(s) that read it, else on the
+    kernel and bias of the layer that feeds it (pooling), else by a multiplier inserted after it.
+    The batch should look like the data (a few examples at least; Gaussian at the answer's input
+    q for the answer's own setting). ``report.calibrations`` names each op, its measured effect
+    and factor; the model carries them (``sigprop_calibrations``) for :func:`diagnose`.
+
+    ``seed`` makes the re-initialization reproducible. ``residual="recommended"`` weights
     every two-input add with the answer's ``jacobian.recommended`` shortcut and branch weights
     (the per-layer-Jacobian paper's scaling for this depth and width) instead of the solved graph's;
     the report's sums and notes say so (ValueError when the answer carries no recommendation).
@@ -509,6 +541,7 @@ def apply(
         raise ValueError(f"residual must be 'graph' or 'recommended', not {residual!r}")
     sol = as_solution(solution)
     target = copy.deepcopy(model)
+    measure_on = example_input if calibrate else None
     if example_input is None:
         if graph is None:
             raise ValueError("apply needs example_input or the graph the answer was solved for")
@@ -527,6 +560,7 @@ def apply(
     _apply_sums(rw, sol, solved_nodes, residual)
     initialized = _apply_layers(rw, sol, generator)
     _apply_output(rw, sol)
+    _calibrate(rw, sol, measure_on)
     _report_uncovered(target, ext, initialized, report)
 
     gm = ext.gm
@@ -534,9 +568,11 @@ def apply(
     gm.delete_all_unused_submodules()
     gm.recompile()
     gm.train(model.training)
+    gm.sigprop_calibrations = list(report.calibrations)
     if inplace:
         if rw.out_of_place:
             _refuse_in_place(rw)
         _commit_in_place(model, target, rw)
+        model.sigprop_calibrations = list(report.calibrations)
         report.model = model
     return report

@@ -19,6 +19,7 @@ from ..diagnosis import (
     LayerDiagnosis,
     interpolate,
     judge,
+    note_calibrations,
     pair_c,
     predict,
     stated_noise,
@@ -140,8 +141,9 @@ def diagnose(
     Diagnosis`: ``str()`` is a table, ``.layers`` the rows (``LayerDiagnosis``), ``.as_dicts()`` the
     same as dicts. Empirical values are one finite-width network's: expect deviations of a few
     ``1 / sqrt(width x pairs x locations)``; average several seeds for a tighter check. Nodes after
-    pooling are marked unless ``same_locations=True``. tat and dks answers only (ValueError
-    otherwise). The model's parameters and modes are left as they were.
+    pooling are marked unless ``same_locations=True``; the ops ``apply`` calibrated on its example
+    batch are marked with the effect it measured and its factor. tat and dks answers only
+    (ValueError otherwise). The model's parameters and modes are left as they were.
 
     Every row states the noise expected of its measurement at the network's widths
     (``q_noise``, ``c_noise``: :func:`~sigprop.client.diagnosis.stated_noise`); a row off by more
@@ -178,6 +180,7 @@ def diagnose(
         rows,
         c_global,
     )
+    note_calibrations(diag, getattr(model, "sigprop_calibrations", ()))  # what apply measured
     outside = {e.gid: f"{e.desc}: {e.unsupported}" for e in ext.entries.values() if e.unsupported}
     wrong = _wrong_activations(ext, sol, values)
     judge(diag, ext.graph, suspects=wrong, outside=outside)
