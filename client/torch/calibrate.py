@@ -101,10 +101,16 @@ def calibrate_model(
     ``resolve`` maps an fx node the rewrite replaced to its replacement; ``sum_weights`` are the
     weights the rewritten adds compute, by graph id; ``out_of_place`` collects inserted multipliers
     (``apply(inplace=True)`` refuses them)."""
+    # the graph's own (normalized) weights: the adds compute them times the answer's sum_scales,
+    # which the prediction applies itself (client.diagnosis mixes shared sums over atoms)
+    scales = sol.sum_scales or {}
     graph = {
         **ext.graph,
         "nodes": [
-            {**nd, "weights": sum_weights[nd["id"]]} if nd["id"] in sum_weights else nd for nd in ext.graph["nodes"]
+            {**nd, "weights": [w / scales.get(nd["id"], 1.0) for w in sum_weights[nd["id"]]]}
+            if nd["id"] in sum_weights
+            else nd
+            for nd in ext.graph["nodes"]
         ],
     }
     unmodelled = [e.gid for e in ext.entries.values() if e.unsupported]
