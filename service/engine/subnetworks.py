@@ -157,19 +157,33 @@ class SubnetworkProgram:
 
 
 def _dominators(preds: list[list[int]], root: int) -> tuple[list[int], list[int]]:
-    """Immediate dominators of a DAG whose nodes are numbered in topological order from ``root``'s side."""
+    """Immediate dominators of a DAG whose nodes are numbered in topological order from ``root``'s side
+    (``root`` = ``len(preds)``: the virtual node before every source), and the depths in their tree.
+
+    A node's immediate dominator is the nearest common ancestor, in the dominator tree built so
+    far, of its inputs. Walking up one tree edge at a time costs the depth difference, which a
+    long chain whose end meets an early node in thousands of sums makes quadratic; each node
+    therefore also keeps a skew-binary jump pointer (Myers, "An applicative random-access stack",
+    1983), fixed when the node is added, so each walk takes O(log depth) steps."""
     n = len(preds)
+    if root != n:
+        raise ValueError(f"the root is the virtual node len(preds) = {n}, not {root}")
     idom = [root] * n
-    depth = [0] * n
+    up = [root] * (n + 1)  # idom with the root appended, the root its own parent
+    jump = [root] * (n + 1)
+    level = [0] * n + [-1]  # depth in the dominator tree; the root's is -1
 
     def lca(a: int, b: int) -> int:
         while a != b:
-            da = depth[a] if a != root else -1
-            db = depth[b] if b != root else -1
-            if da >= db:
-                a = idom[a]
+            if level[a] < level[b]:
+                a, b = b, a
+            if level[a] > level[b]:  # climb a to b's depth, by its jump when that does not overshoot
+                j = jump[a]
+                a = j if level[j] >= level[b] else up[a]
+            elif jump[a] != jump[b]:  # equal depths, so equal jump depths: the common one is above both
+                a, b = jump[a], jump[b]
             else:
-                b = idom[b]
+                a, b = up[a], up[b]
         return a
 
     for v in range(n):
@@ -179,9 +193,11 @@ def _dominators(preds: list[list[int]], root: int) -> tuple[list[int], list[int]
             d = lca(d, p)
             if d == root:
                 break
-        idom[v] = d
-        depth[v] = 0 if d == root else depth[d] + 1
-    return idom, depth
+        idom[v] = up[v] = d
+        level[v] = level[d] + 1
+        j = jump[d]
+        jump[v] = jump[j] if level[d] - level[j] == level[j] - level[jump[j]] else d
+    return idom, level[:n]
 
 
 def _valid_steps(preds: list[list[int]], idom: list[int], pdom: Callable[[int, int], bool], root: int) -> list[bool]:
