@@ -11,6 +11,10 @@ Admission comes before any work that grows with the request: the cost (nodes plu
 template's parameters or by counting the wire graph) is checked against ``max_cost`` and the
 client's cold-solve budget is checked (without counting) before the graph is built; the body memo
 is bounded in bytes and only remembers admitted requests.
+
+A cold solve carries its exact cost (nodes plus edges of the built graph): at most ``small_cost``,
+it may take the solver pool's small lane, so large solves queued ahead never hold it up; a larger
+one counts against its client's cap on concurrent large solves (``coldlanes.Lanes``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class ColdSolve:
     prep: object | None  # the prepared request, when it was prepared in this process
     notes: list[str]
     client: str | None
+    cost: int  # nodes + edges of the built graph: whether the solve may take the small lane
 
 
 def prepare_body(body: bytes, limits: dict) -> tuple:
@@ -82,7 +87,8 @@ def prepare_body(body: bytes, limits: dict) -> tuple:
         max_cost=limits["max_cost"],
     )
     parsed, prep, data = checker.admit_and_prepare(body)
-    return parsed, prep.request.method, prep.request.activation, json.dumps(data, separators=(",", ":"))
+    request_text = json.dumps(data, separators=(",", ":"))
+    return parsed, prep.request.method, prep.request.activation, request_text, graph_size(prep.graph)
 
 
 @dataclass
@@ -108,6 +114,7 @@ class SolutionService:
         solver: SolverPool | None = None,
         solve_timeout_s: float | None = None,
         hot: HotAnswers | None = None,
+        small_cost: int = 0,
     ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
@@ -130,6 +137,8 @@ class SolutionService:
         # bodies seen before are answered on the event loop, with no I/O (``hot_hit``)
         self.hot = hot
         self.solve_timeout_s = solve_timeout_s if solve_timeout_s is not None else wait_timeout_s
+        # a cold solve of at most this many nodes + edges may take the solver pool's small lane
+        self.small_cost = small_cost
 
     # -- cache access that degrades instead of failing -----------------------------------------
     def hot_hit(self, body: bytes) -> SolveOutcome | None:
@@ -201,16 +210,17 @@ class SolutionService:
             # they are built, and a cache hit (same key, other bytes) still answers.
             precheck(client)
         if self.max_cost is not None and len(body) > _QUICK_BYTES:
-            check_body_cost(body, self.max_cost)  # a lower bound from the bytes, before parsing them
+            check_body_cost(body, self.max_cost, self.max_fan_in)  # lower bounds from the bytes, before parsing
         if self.solver is not None and len(body) > _IN_THREAD_BYTES:
-            parsed, method, activation, request_text = self.solver.call(
-                prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request"
+            parsed, method, activation, request_text, cost = self.solver.call(
+                prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request", client=client
             )
             prep, payload = None, body
         else:
             parsed, prep, payload = self.admit_and_prepare(body)
             method, activation = prep.request.method, prep.request.activation
             request_text = json.dumps(payload, separators=(",", ":"))
+            cost = graph_size(prep.graph)
         self._memo.put(digest, parsed)
 
         notes = []
@@ -218,7 +228,7 @@ class SolutionService:
         if text is None:
             if not notes:
                 CACHE.labels("miss").inc()
-            return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client)
+            return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client, cost)
         return self._hit(text, parsed, digest)
 
     def prepares_in_process(self, body: bytes) -> bool:
@@ -354,7 +364,14 @@ class SolutionService:
         left = deadline - time.monotonic()
         if left <= 0:
             raise timeout_error(self.solve_timeout_s)
-        return self.solver.call(solve_request, (cold.payload,), left, timeout_s=self.solve_timeout_s)
+        return self.solver.call(
+            solve_request,
+            (cold.payload,),
+            left,
+            timeout_s=self.solve_timeout_s,
+            client=cold.client,
+            small=cold.cost <= self.small_cost,
+        )
 
     # -- stored solutions -------------------------------------------------------------------------
     def get(self, key: str) -> dict:
@@ -387,6 +404,11 @@ class SolutionService:
         if not self.cache.delete(key):
             raise SigpropError("not_found", f"no stored solution has key {key}", "list keys with GET /v1/solutions")
         return {"key": key, "deleted": True}
+
+
+def graph_size(graph) -> int:
+    """Nodes plus edges of a built graph: the cost admission priced, now exact."""
+    return graph.n + sum(len(nd.inputs) for nd in graph.nodes)
 
 
 def _too_large(n: int, limit: int, what: str = "the graph has") -> SigpropError:
