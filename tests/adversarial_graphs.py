@@ -1,0 +1,110 @@
+"""Valid graphs built to make a solver's work grow faster than its input (issue 26): the shapes
+that were quadratic, or could be, for one method or another. Shared by tests/test_cost.py and
+bench/cost_bench.py, which time every method on each."""
+
+from __future__ import annotations
+
+from .test_availability import ladder as input_ladder
+
+__all__ = ["deep_chain", "fan_in", "input_ladder", "ladder", "late_sums", "request"]
+
+
+def _graph(nodes: list[dict]) -> dict:
+    return {"schema": "sigprop.graph/v1", "nodes": nodes}
+
+
+def ladder(blocks: int, width: int = 8) -> dict:
+    """The issue's ladder: h0 = dense(x), then ``blocks`` x [act -> dense -> sum(d_i, h0)]. Every
+    block's sum takes h0, so h0 is the only dominator between the input and the last sum."""
+    nodes = [
+        {"id": "x", "op": "input", "shape": [width]},
+        {"id": "h0", "op": "dense", "inputs": ["x"], "units": width},
+    ]
+    prev = "h0"
+    for i in range(blocks):
+        nodes += [
+            {"id": f"a{i}", "op": "activation", "inputs": [prev]},
+            {"id": f"d{i}", "op": "dense", "inputs": [f"a{i}"], "units": width},
+            {"id": f"s{i}", "op": "sum", "inputs": [f"d{i}", "h0"]},
+        ]
+        prev = f"s{i}"
+    nodes.append({"id": "out", "op": "output", "inputs": [prev]})
+    return _graph(nodes)
+
+
+def fan_in(branches: int, op: str = "sum", width: int = 8) -> dict:
+    """One ``op`` (sum or concat) of ``branches`` branches act -> dense, all from one dense stem."""
+    nodes = [
+        {"id": "x", "op": "input", "shape": [width]},
+        {"id": "h0", "op": "dense", "inputs": ["x"], "units": width},
+    ]
+    for i in range(branches):
+        nodes += [
+            {"id": f"a{i}", "op": "activation", "inputs": ["h0"]},
+            {"id": f"d{i}", "op": "dense", "inputs": [f"a{i}"], "units": width},
+        ]
+    nodes.append({"id": "j", "op": op, "inputs": [f"d{i}" for i in range(branches)]})
+    nodes.append({"id": "out", "op": "output", "inputs": ["j"]})
+    return _graph(nodes)
+
+
+def deep_chain(layers: int, width: int = 8) -> dict:
+    """``layers`` x [dense -> act], node by node (the template ``mlp`` is the same, from 40 bytes)."""
+    nodes = [{"id": "x", "op": "input", "shape": [width]}]
+    prev = "x"
+    for i in range(layers):
+        nodes += [
+            {"id": f"d{i}", "op": "dense", "inputs": [prev], "units": width},
+            {"id": f"a{i}", "op": "activation", "inputs": [f"d{i}"]},
+        ]
+        prev = f"a{i}"
+    nodes.append({"id": "out", "op": "output", "inputs": [prev]})
+    return _graph(nodes)
+
+
+def late_sums(chain: int, sums: int, width: int = 8) -> dict:
+    """A chain of ``chain`` blocks dense -> act, then ``sums`` sums each of the chain's end and its
+    first layer, joined by a binary tree of sums: every one of those sums meets a node thousands of
+    dominator-tree levels above its other input (a walk one level at a time was quadratic)."""
+    nodes = [
+        {"id": "x", "op": "input", "shape": [width]},
+        {"id": "c0", "op": "dense", "inputs": ["x"], "units": width},
+    ]
+    prev = "c0"
+    for i in range(1, chain):
+        nodes += [
+            {"id": f"r{i}", "op": "activation", "inputs": [prev]},
+            {"id": f"c{i}", "op": "dense", "inputs": [f"r{i}"], "units": width},
+        ]
+        prev = f"c{i}"
+    level = []
+    for k in range(sums):
+        nodes.append({"id": f"s{k}", "op": "sum", "inputs": [prev, "c0"]})
+        level.append(f"s{k}")
+    t = 0
+    while len(level) > 1:
+        joined = []
+        for j in range(0, len(level) - 1, 2):
+            nodes.append({"id": f"t{t}", "op": "sum", "inputs": [level[j], level[j + 1]]})
+            joined.append(f"t{t}")
+            t += 1
+        level = joined + level[len(level) - len(level) % 2 :]
+    nodes.append({"id": "out", "op": "output", "inputs": [level[0]]})
+    return _graph(nodes)
+
+
+# one request per method, with the activation and targets it takes (contract, section 2)
+METHOD_REQUESTS = {
+    "geometric": ("relu", {}),
+    "tat": ("leaky_relu", {"eta": 0.3}),
+    "dks": ("softplus", {"zeta": 1.5}),
+    "eoc": ("tanh", {}),
+    "sparse_eoc": ("relu_tau", {"sparsity": 0.5}),
+}
+
+
+def request(graph: dict, method: str) -> dict:
+    """A solve request of ``graph`` by ``method``; ``assumptions: warn`` so that graphs outside the
+    kernel theory (the input-summing ladder) are solved, not refused before any work."""
+    activation, targets = METHOD_REQUESTS[method]
+    return {"graph": graph, "method": method, "activation": activation, "targets": targets, "assumptions": "warn"}
