@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SigpropError
 from .activations import Activation, get_activation
-from .graph import ACT, AFFINE, CONCAT, PASS, SOURCE, SUM, NetworkGraph
+from .graph import ACT, AFFINE, CONCAT, SOURCE, SUM, NetworkGraph, pass_sources
 from .subnetworks import _dominators
 
 # Appendix F: the logits are scaled to standard deviation 0.05 at initialization.
@@ -226,13 +226,10 @@ def _pooling_warnings(graph: NetworkGraph) -> list[str]:
             "gammas of the layers below it are approximate; a strided conv or avg_pool keeps the scaling"
         )
     mean_pools = []
+    source = pass_sources(nodes)
     for nd in nodes:
-        if nd.op in ("avg_pool", "global_avg_pool"):
-            src = nodes[nd.inputs[0]]
-            while src.kind == PASS and src.inputs:
-                src = nodes[src.inputs[0]]
-            if src.kind == ACT:
-                mean_pools.append(nd.user_id)
+        if nd.op in ("avg_pool", "global_avg_pool") and nodes[source[nd.inputs[0]]].kind == ACT:
+            mean_pools.append(nd.user_id)
     if mean_pools:
         out.append(
             f"average pooling of activations ({', '.join(mean_pools[:5])}) is modelled as in Table 1 "
