@@ -10,7 +10,8 @@ Run from the repository root:
 The graphs (``tests/adversarial_graphs.py``): the issue's ladder (h0 = dense(x), then N blocks of
 act -> dense -> sum(d_i, h0)), the input-summing ladder (every block's sum takes the network
 input), one sum or concat of many branches, a deep chain given node by node and as the 40-byte
-``mlp`` template, and a long chain whose end meets its first layer in thousands of sums.
+``mlp`` template, a long chain whose end meets its first layer in thousands of sums, thousands of
+sums read at the end of a long chain of identity ops, and a long chain of average pools.
 
 Each request first goes through the service's admission with the default settings
 (``SolutionService.begin`` without a cache: the body's price, size limits, the graph build): a
@@ -50,7 +51,9 @@ from tests.adversarial_graphs import (  # noqa: E402
     input_ladder,
     ladder,
     late_sums,
+    pool_chain,
     request,
+    sums_after_identities,
 )
 
 SOLVE_GOAL_S = 3.0
@@ -70,6 +73,8 @@ def graphs(quick: bool) -> list[tuple[str, dict]]:
         ("deep chain 10,000 layers, node by node", deep_chain(10_000)),
         ("deep chain 10,000 layers, mlp template", {"template": "mlp", "depth": 10_000, "width": 8}),
         ("chain 8,000 then 3,000 sums with its first layer", late_sums(8000, 3000)),
+        ("8,000 identities then 4,000 residual sums", sums_after_identities(8000, 4000)),
+        ("12,000 average pools in a chain", pool_chain(12_000)),
         (
             "densenet-4870 growth 1, template",
             {"template": "densenet", "depth": 4870, "growth_rate": 1, "input_shape": [1, 4, 4]},

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from .test_availability import ladder as input_ladder
 
-__all__ = ["deep_chain", "fan_in", "input_ladder", "ladder", "late_sums", "request"]
+__all__ = [
+    "deep_chain",
+    "fan_in",
+    "input_ladder",
+    "ladder",
+    "late_sums",
+    "pool_chain",
+    "request",
+    "sums_after_identities",
+]
 
 
 def _graph(nodes: list[dict]) -> dict:
@@ -81,6 +90,12 @@ def late_sums(chain: int, sums: int, width: int = 8) -> dict:
     for k in range(sums):
         nodes.append({"id": f"s{k}", "op": "sum", "inputs": [prev, "c0"]})
         level.append(f"s{k}")
+    nodes.append({"id": "out", "op": "output", "inputs": [_sum_tree(nodes, level)]})
+    return _graph(nodes)
+
+
+def _sum_tree(nodes: list[dict], level: list[str]) -> str:
+    """Join ``level`` by a binary tree of sums appended to ``nodes``; the root's id."""
     t = 0
     while len(level) > 1:
         joined = []
@@ -89,7 +104,48 @@ def late_sums(chain: int, sums: int, width: int = 8) -> dict:
             joined.append(f"t{t}")
             t += 1
         level = joined + level[len(level) - len(level) % 2 :]
-    nodes.append({"id": "out", "op": "output", "inputs": [level[0]]})
+    return level[0]
+
+
+def sums_after_identities(chain: int, sums: int, width: int = 8) -> dict:
+    """dense -> act, a chain of ``chain`` identity ops, then ``sums`` residual sums
+    (chain end + dense(chain end)) joined by a tree of sums: every sum input reached the end of the
+    identity chain by walking all of it (the correlated-sum check was quadratic)."""
+    nodes = [
+        {"id": "x", "op": "input", "shape": [width]},
+        {"id": "h", "op": "dense", "inputs": ["x"], "units": width},
+        {"id": "a", "op": "activation", "inputs": ["h"]},
+    ]
+    prev = "a"
+    for i in range(chain):
+        nodes.append({"id": f"i{i}", "op": "identity", "inputs": [prev]})
+        prev = f"i{i}"
+    level = []
+    for k in range(sums):
+        nodes.append({"id": f"d{k}", "op": "dense", "inputs": [prev], "units": width})
+        nodes.append({"id": f"s{k}", "op": "sum", "inputs": [prev, f"d{k}"]})
+        level.append(f"s{k}")
+    nodes.append({"id": "out", "op": "output", "inputs": [_sum_tree(nodes, level)]})
+    return _graph(nodes)
+
+
+def pool_chain(pools: int, channels: int = 2, side: int = 2) -> dict:
+    """conv -> act, then ``pools`` average pools of kernel 1 in a chain, flatten, dense: each pool
+    looked back through all the pools before it (geometric's pooling warning was quadratic)."""
+    nodes = [
+        {"id": "x", "op": "input", "shape": [channels, side, side]},
+        {"id": "h", "op": "conv", "inputs": ["x"], "channels": channels, "kernel": [1, 1]},
+        {"id": "a", "op": "activation", "inputs": ["h"]},
+    ]
+    prev = "a"
+    for i in range(pools):
+        nodes.append({"id": f"p{i}", "op": "avg_pool", "inputs": [prev], "kernel": [1, 1]})
+        prev = f"p{i}"
+    nodes += [
+        {"id": "f", "op": "flatten", "inputs": [prev]},
+        {"id": "d", "op": "dense", "inputs": ["f"], "units": 2},
+        {"id": "out", "op": "output", "inputs": ["d"]},
+    ]
     return _graph(nodes)
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from sigprop.api.coldlanes import GENERAL, SMALL, Lanes
@@ -27,7 +28,17 @@ from sigprop.errors import SigpropError
 from sigprop.schemas import Graph
 from sigprop.settings import Settings
 
-from .adversarial_graphs import METHOD_REQUESTS, deep_chain, fan_in, input_ladder, ladder, late_sums, request
+from .adversarial_graphs import (
+    METHOD_REQUESTS,
+    deep_chain,
+    fan_in,
+    input_ladder,
+    ladder,
+    late_sums,
+    pool_chain,
+    request,
+    sums_after_identities,
+)
 from .inprocess import mlp
 from .service_fixtures import start_service
 from .test_availability import ladder_request
@@ -117,6 +128,30 @@ def _reachable_without(preds: list[list[int]], v: int, cut: int) -> bool:
     return False
 
 
+def test_pass_through_sources_in_one_pass_agree_with_the_walk():
+    from types import SimpleNamespace
+
+    from sigprop.engine.graph import AFFINE, PASS, SUM, pass_sources
+
+    kinds = [PASS, PASS, AFFINE, SUM]
+    rng = np.random.default_rng(26)
+    nodes = []
+    for v in range(400):
+        ins = [] if v == 0 else sorted(rng.choice(v, size=min(v, 2), replace=False).tolist())
+        nodes.append(SimpleNamespace(index=v, kind=kinds[rng.integers(4)] if v else "source", inputs=ins))
+    source = pass_sources(nodes)
+    for v in range(len(nodes)):
+        j = v
+        while nodes[j].kind == PASS and nodes[j].inputs:
+            j = nodes[j].inputs[0]
+        assert source[v] == j
+    chain = [SimpleNamespace(index=0, kind="source", inputs=[])]
+    chain += [SimpleNamespace(index=v, kind=PASS, inputs=[v - 1]) for v in range(1, 300_000)]
+    t0 = time.perf_counter()
+    assert pass_sources(chain)[-1] == 0
+    assert time.perf_counter() - t0 < 1.0
+
+
 def test_a_sum_of_3000_branches_is_refused_from_its_bytes_before_it_is_parsed():
     service = SolutionService(None, 100_000, 1.0, 1.0, max_fan_in=1024, max_cost=50_000)
     body = json.dumps(request(fan_in(3000), "tat")).encode()  # 383 KB, cost 15,006: under the budget
@@ -159,6 +194,8 @@ def test_every_method_solves_the_adversarial_graphs_in_3_s_or_refuses_them_by_pr
         "sum of 3000": fan_in(3000),
         "chain 10000": deep_chain(10_000),
         "late sums": late_sums(8000, 3000),
+        "sums after identities": sums_after_identities(8000, 4000),
+        "pool chain": pool_chain(12_000),
     }
     report = []
     for label, graph in cases.items():
