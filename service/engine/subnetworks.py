@@ -26,6 +26,7 @@ from functools import partial
 
 import numpy as np
 
+from ..errors import SigpropError
 from .graph import ACT, CONCAT, SOURCE, SUM, NetworkGraph
 
 # r(value, fn_slot) -> value: the local map standing in for each nonlinear layer, given the
@@ -33,6 +34,13 @@ from .graph import ACT, CONCAT, SOURCE, SUM, NetworkGraph
 LocalMap = Callable[[object, int], object]
 
 _OP_PASS, _OP_ACT, _OP_MIX = 0, 1, 2
+
+# The passes M_{f,r} needs visit at most this many steps per node + edge (plus the floor): real
+# architectures need under one (ResNets, DenseNets, ladders: 0.3-0.9), while subnetworks nested
+# inside each other (a skip from each layer to its mirror across the network) need one pass each,
+# quadratic in the depth. Past the budget the maximization is refused (413) instead of run.
+STEPS_PER_COST = 2
+STEPS_FLOOR = 50_000
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,9 @@ class SubnetworkProgram:
     # affine layer) keeps the input's value: what a pass over a chain needs
     chain_slots: tuple[int, ...] = ()
     chain_keeps_input: bool = False
+    # the whole network's group (groups[0]), kept apart when the other groups are over the step
+    # budget: a pass over the whole network (the global map) never needs them
+    whole: _Group | None = None
 
     @property
     def groups(self) -> tuple[_Group, ...]:
@@ -76,7 +87,7 @@ class SubnetworkProgram:
             for slot in self.chain_slots:
                 x = r(x, slot)
             return x
-        vals = self._run(self.groups[0], x, r)
+        vals = self._run(self.whole if self.whole is not None else self.groups[0], x, r)
         return vals[self.output]
 
     def endpoint_values(self, x, r: LocalMap) -> list:
@@ -307,8 +318,9 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
     def pdom(t: int, v: int) -> bool:
         return tin[t] <= tin[v] and tout[v] <= tout[t]
 
-    def region(start: int, ends) -> set[int]:
-        """Nodes on paths from ``start`` (exclusive; root = the inputs) to any of ``ends``."""
+    def region(start: int, ends, limit: int | None = None) -> set[int] | None:
+        """Nodes on paths from ``start`` (exclusive; root = the inputs) to any of ``ends``; None
+        as soon as they are more than ``limit``."""
         seen = set(ends)
         stack = list(ends)
         while stack:
@@ -317,6 +329,8 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
                 if p != start and p not in seen:
                     seen.add(p)
                     stack.append(p)
+            if limit is not None and len(seen) > limit:
+                return None
         return seen
 
     # valid_step[s]: the region between idom(s) and s leaves only through s.
@@ -345,24 +359,48 @@ def _general_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> Subnetwork
         by_start[root].append(graph.output)
 
     # activation slots resolved now, so evaluation needs no lookups; a node's step is the same in
-    # every group that holds it
+    # every group that holds it. The groups' steps are counted against the budget as their regions
+    # are walked, so a graph over it costs the budget, not the quadratic walk (the whole
+    # network's group, first, is at most every node).
+    edges = sum(len(p) for p in preds)
+    budget = STEPS_PER_COST * (n + edges) + STEPS_FLOOR
+    left = budget
     step_of: dict[int, tuple] = {}
-    groups = []
+    groups: list[_Group] = []
     for start in sorted(by_start, key=lambda s: -1 if s == root else s):
         ends = by_start[start]
+        members = region(start, ends, left if groups else None)
+        if members is None:
+            break
         steps = []
-        for v in sorted(region(start, ends) - {start}):
+        for v in sorted(members - {start}):
             step = step_of.get(v)
             if step is None:
                 step = step_of[v] = _step(nodes, v, fn_slot)
             steps.append(step)
+        left -= len(steps)
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
+    over = len(groups) < len(by_start)
     return SubnetworkProgram(
-        tuple(groups),
-        sum(len(g.endpoints) for g in groups),
+        partial(_over_budget, n, edges, len(by_start), budget) if over else tuple(groups),
+        sum(len(ends) for ends in by_start.values()),
         graph.output,
         tuple(nd.user_id for nd in nodes),
         graph.depth(),
+        whole=groups[0] if over else None,
+    )
+
+
+def _over_budget(nodes: int, edges: int, groups: int, budget: int) -> tuple[_Group, ...]:
+    """The groups of a program over the step budget: refused when a method needs them."""
+    raise SigpropError(
+        "graph_too_large",
+        f"the graph nests its {groups} largest subnetworks so deeply that maximizing over them "
+        f"would visit more than {budget} nodes ({STEPS_PER_COST} per node and edge of its {nodes} nodes "
+        f"and {edges} edges, plus {STEPS_FLOOR}), each nested subnetwork in a pass of its own",
+        "skips that each join a layer with its mirror across the network (a very deep U-Net) nest "
+        "subnetworks quadratically: use fewer nested levels, or method 'eoc' or 'geometric', which "
+        "do not maximize over subnetworks",
     )
 
 
