@@ -11,7 +11,8 @@ The graphs (``tests/adversarial_graphs.py``): the issue's ladder (h0 = dense(x),
 act -> dense -> sum(d_i, h0)), the input-summing ladder (every block's sum takes the network
 input), one sum or concat of many branches, a deep chain given node by node and as the 40-byte
 ``mlp`` template, a long chain whose end meets its first layer in thousands of sums, thousands of
-sums read at the end of a long chain of identity ops, and a long chain of average pools.
+sums read at the end of a long chain of identity ops, a long chain of average pools, and skips
+nested like a U-Net's (each layer joined with its mirror across the network).
 
 Each request first goes through the service's admission with the default settings
 (``SolutionService.begin`` without a cache: the body's price, size limits, the graph build): a
@@ -51,6 +52,7 @@ from tests.adversarial_graphs import (  # noqa: E402
     input_ladder,
     ladder,
     late_sums,
+    mirrored_skips,
     pool_chain,
     request,
     sums_after_identities,
@@ -75,6 +77,8 @@ def graphs(quick: bool) -> list[tuple[str, dict]]:
         ("chain 8,000 then 3,000 sums with its first layer", late_sums(8000, 3000)),
         ("8,000 identities then 4,000 residual sums", sums_after_identities(8000, 4000)),
         ("12,000 average pools in a chain", pool_chain(12_000)),
+        ("mirrored skips (U-Net-like), 1,000 levels", mirrored_skips(1000)),
+        ("mirrored skips (U-Net-like), 7,000 levels", mirrored_skips(7000)),
         (
             "densenet-4870 growth 1, template",
             {"template": "densenet", "depth": 4870, "growth_rate": 1, "input_shape": [1, 4, 4]},

@@ -12,6 +12,7 @@ __all__ = [
     "input_ladder",
     "ladder",
     "late_sums",
+    "mirrored_skips",
     "pool_chain",
     "request",
     "sums_after_identities",
@@ -146,6 +147,30 @@ def pool_chain(pools: int, channels: int = 2, side: int = 2) -> dict:
         {"id": "d", "op": "dense", "inputs": ["f"], "units": 2},
         {"id": "out", "op": "output", "inputs": ["d"]},
     ]
+    return _graph(nodes)
+
+
+def mirrored_skips(levels: int, width: int = 8) -> dict:
+    """A chain of ``levels`` blocks act -> dense, then ``levels`` sums, the k-th joining the running
+    value with the chain's layer ``levels - 1 - k``: nested skips, as in a U-Net of that many
+    levels. Each sum ends a largest subnetwork nested in the next one's, so the subnetwork passes
+    M_{f,r} needs total about 1.5 levels^2 steps: priced and refused past a budget."""
+    nodes = [
+        {"id": "x", "op": "input", "shape": [width]},
+        {"id": "c0", "op": "dense", "inputs": ["x"], "units": width},
+    ]
+    prev, chain = "c0", ["c0"]
+    for i in range(1, levels):
+        nodes += [
+            {"id": f"a{i}", "op": "activation", "inputs": [prev]},
+            {"id": f"c{i}", "op": "dense", "inputs": [f"a{i}"], "units": width},
+        ]
+        prev = f"c{i}"
+        chain.append(prev)
+    for k in range(levels):
+        nodes.append({"id": f"s{k}", "op": "sum", "inputs": [prev, chain[levels - 1 - k]]})
+        prev = f"s{k}"
+    nodes.append({"id": "out", "op": "output", "inputs": [prev]})
     return _graph(nodes)
 
 

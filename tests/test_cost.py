@@ -23,9 +23,11 @@ from sigprop.api.coldpool import SolverPool, solve_request
 from sigprop.api.solutions import SolutionService, graph_size
 from sigprop.engine.geometric import solve_geometric
 from sigprop.engine.graph import build_graph
+from sigprop.engine.solve import prepare, solve_canonical
 from sigprop.engine.subnetworks import _dominators
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph
+from sigprop.schemas.solve import SolveRequest
 from sigprop.settings import Settings
 
 from .adversarial_graphs import (
@@ -35,6 +37,7 @@ from .adversarial_graphs import (
     input_ladder,
     ladder,
     late_sums,
+    mirrored_skips,
     pool_chain,
     request,
     sums_after_identities,
@@ -146,10 +149,44 @@ def test_pass_through_sources_in_one_pass_agree_with_the_walk():
             j = nodes[j].inputs[0]
         assert source[v] == j
     chain = [SimpleNamespace(index=0, kind="source", inputs=[])]
-    chain += [SimpleNamespace(index=v, kind=PASS, inputs=[v - 1]) for v in range(1, 300_000)]
+    chain += [SimpleNamespace(index=v, kind=PASS, inputs=[v - 1]) for v in range(1, 100_000)]
     t0 = time.perf_counter()
     assert pass_sources(chain)[-1] == 0
     assert time.perf_counter() - t0 < 1.0
+
+
+@pytest.mark.parametrize("method", ["tat", "dks"])
+def test_deeply_nested_subnetworks_are_refused_by_their_price_not_maximized_for_minutes(method):
+    # 1,000 mirrored skips: 1.5 M steps per subnetwork pass (tat took 16 s; 7,000 levels, under the
+    # cost budget, would take about 15 minutes); refused after at most the step budget
+    req = SolveRequest.model_validate(request(mirrored_skips(1000), method))
+    t0 = time.perf_counter()
+    with pytest.raises(SigpropError) as info:
+        solve_canonical(prepare(req))
+    elapsed = time.perf_counter() - t0
+    assert info.value.code == "graph_too_large" and info.value.status == 413
+    assert "nests" in info.value.message and "U-Net" in info.value.hint and "'eoc'" in info.value.hint
+    assert elapsed < 3.0, elapsed
+
+
+def test_methods_that_need_only_the_whole_network_solve_deeply_nested_graphs():
+    graph = mirrored_skips(1000)
+    for method in ("eoc", "geometric", "sparse_eoc"):
+        answer = solve_canonical(prepare(SolveRequest.model_validate(request(graph, method))))
+        assert answer.graph_summary.subnetworks_considered > 1000
+
+
+def test_real_architectures_stay_far_under_the_step_budget():
+    from sigprop.engine.subnetworks import STEPS_PER_COST, compile_subnetworks
+
+    for graph in (ladder(3000), {"template": "resnet", "depth": 152}, {"template": "densenet", "depth": 201}):
+        prep = prepare(SolveRequest.model_validate(request(graph, "tat")))
+        program = compile_subnetworks(prep.graph)
+        steps = sum(len(g.steps) for g in program.groups)
+        cost = prep.graph.n + sum(len(nd.inputs) for nd in prep.graph.nodes)
+        # 0.3-0.9 steps per node + edge: the budget (STEPS_PER_COST per node + edge) leaves room
+        assert steps <= cost, (graph.get("template"), steps, cost)
+        assert steps < STEPS_PER_COST * cost
 
 
 def test_a_sum_of_3000_branches_is_refused_from_its_bytes_before_it_is_parsed():
@@ -196,6 +233,7 @@ def test_every_method_solves_the_adversarial_graphs_in_3_s_or_refuses_them_by_pr
         "late sums": late_sums(8000, 3000),
         "sums after identities": sums_after_identities(8000, 4000),
         "pool chain": pool_chain(12_000),
+        "mirrored skips": mirrored_skips(7000),
     }
     report = []
     for label, graph in cases.items():
