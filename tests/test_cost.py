@@ -440,3 +440,16 @@ def test_a_5_layer_mlp_cold_solve_answers_in_1_s_while_another_client_runs_six_l
             assert set(codes) <= {200, 503}, codes  # 503: queued behind its own client past the timeout
     finally:
         svc.stop()
+
+
+def test_geometric_names_moments_past_a_doubles_range_instead_of_blaming_the_input_moment():
+    # 2,000 dense layers with no activation between them: the second moment doubles at each (c = 2),
+    # past 1e308 by layer 1,024, so the multipliers cannot balance the gammas
+    nodes = [{"id": "x", "op": "input", "shape": [8]}]
+    for i in range(2000):
+        nodes.append({"id": f"d{i}", "op": "dense", "inputs": [nodes[-1]["id"]], "units": 8})
+    nodes.append({"id": "out", "op": "output", "inputs": ["d1999"]})
+    with pytest.raises(SigpropError) as info:
+        solve_geometric(build_graph(Graph.model_validate({"nodes": nodes}), "relu"), "relu")
+    assert info.value.code == "invalid_graph" and info.value.status == 422
+    assert "double's range" in info.value.message and "[0.8, 0.6]" in info.value.hint

@@ -389,6 +389,16 @@ def _input_moment(first, info: dict, alpha: dict, input_second_moment: float | N
         if input_second_moment is None
         else float(input_second_moment)
     )
+    if input_second_moment is None and not (t > 0 and math.isfinite(t)):
+        # the first layer's multiplier is 0 or not finite: the gammas span more than a double
+        raise SigpropError(
+            "invalid_graph",
+            "the GR scalings of this graph's layers span more than a double's range, so no "
+            "conditioning multipliers balance them (its second moments grow or shrink geometrically "
+            "along its depth)",
+            "a sum with weights 1 doubles the second moment: weight residual sums so their squares add "
+            "to 1 (e.g. [0.8, 0.6]), and keep an activation between stacked dense or conv layers",
+        )
     if not (t > 0 and math.isfinite(t)):
         raise SigpropError(
             "invalid_target",
