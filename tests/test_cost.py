@@ -248,16 +248,17 @@ def test_every_method_solves_the_adversarial_graphs_in_3_s_or_refuses_them_by_pr
             continue
         except AttributeError:  # admitted: it reached the (absent) cache
             pass
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             solve_request(request(graph, method))
             outcome = "ok"
         except SigpropError as exc:  # an answer too (e.g. an unreachable target), as long as it is a 4xx
             assert 400 <= exc.status < 500, exc
             outcome = exc.code
-        elapsed = time.perf_counter() - t0
-        report.append(f"{label}: {elapsed:.2f} s ({outcome})")
-        assert elapsed < 3.0, (label, elapsed)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        report.append(f"{label}: {elapsed:.2f} s, CPU {cpu:.2f} s ({outcome})")
+        # the CPU time: on a shared machine the wall clock measures the neighbours (bench/README.md)
+        assert cpu < 3.0, (label, elapsed, cpu)
     print(f"\n{method}: " + "; ".join(report))
 
 
