@@ -37,7 +37,7 @@ from ..schemas.graph import Template
 from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
 from ..storage.hot import HotAnswers
 from ..storage.records import PLAIN
-from .admission import BodyMemo, check_body_cost, check_cost
+from .admission import BodyMemo, check_body_cost, check_cost, graph_cost
 from .coldpool import SolverPool, solve_request, timeout_error
 from .observability import CACHE, SOLVE_SECONDS, STORAGE
 
@@ -45,6 +45,7 @@ log = logging.getLogger("sigprop")
 _POLL_S = 0.02
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
 _IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
+_TEMPLATE_BYTES = 4 << 10  # a body this small naming a template is sized from its parameters first
 _HITS = CACHE.labels("hit")  # the hot path's counter, labelled once
 CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
 
@@ -204,14 +205,15 @@ class SolutionService:
                 return self._hit(text, parsed, digest)
 
         precheck = getattr(self.limit_cold, "precheck", None)
-        if parsed is None and precheck is not None and len(body) > _IN_THREAD_BYTES:
+        in_process = parsed is None and self._heavy(body)
+        if in_process and precheck is not None:
             # a new body that costs real work to parse and build: a client already over its
             # cold-solve budget gets its 429 first (not counted). Small bodies cost milliseconds:
             # they are built, and a cache hit (same key, other bytes) still answers.
             precheck(client)
         if self.max_cost is not None and len(body) > _QUICK_BYTES:
             check_body_cost(body, self.max_cost, self.max_fan_in)  # lower bounds from the bytes, before parsing
-        if self.solver is not None and len(body) > _IN_THREAD_BYTES:
+        if in_process:
             parsed, method, activation, request_text, cost = self.solver.call(
                 prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request", client=client
             )
@@ -233,11 +235,25 @@ class SolutionService:
 
     def prepares_in_process(self, body: bytes) -> bool:
         """Whether ``begin`` sends this body to a solver process to be parsed and prepared."""
-        return (
-            self.solver is not None
-            and len(body) > _IN_THREAD_BYTES
-            and self._memo.get(hashlib.sha256(body).digest()) is None
-        )
+        return self._heavy(body) and self._memo.get(hashlib.sha256(body).digest()) is None
+
+    def _heavy(self, body: bytes) -> bool:
+        """Whether a new body is parsed and built in a solver process rather than in this one,
+        where it would hold the GIL every other request needs: a large body, or a few bytes naming
+        a template that expands past the small-solve cost (six 10,000-layer MLP templates built
+        here held another client's small cold solve for over a second)."""
+        if self.solver is None:
+            return False
+        if len(body) > _IN_THREAD_BYTES:
+            return True
+        if len(body) > _TEMPLATE_BYTES or b'"template"' not in body:
+            return False
+        try:
+            graph = json.loads(body).get("graph")
+        except (ValueError, AttributeError, RecursionError):
+            return False  # the thread's parse says what is wrong with it
+        size = graph_cost(graph) if isinstance(graph, dict) and "template" in graph else None
+        return size is not None and size[0] + size[1] > self.small_cost
 
     def admit_and_prepare(self, body: bytes) -> tuple:
         """(parsed, prepared request, JSON data) of a body, refused (413) as early as its size says."""
