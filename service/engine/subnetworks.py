@@ -16,6 +16,12 @@ usual architectures, so the whole M_{f,r} needs one forward pass over the networ
 over each branch that cannot compose into a larger subnetwork (a residual branch, a dense layer
 of a DenseNet): exactly the subnetworks B.5 says need visiting, derived from the graph rather than
 written by hand as dks users do today.
+
+Subnetworks nested inside each other (a skip from each layer to its mirror across the network)
+each need a pass of their own, so those passes grow with the square of the nesting depth; they
+are priced as their regions are walked (``STEPS_PER_COST``, ``STEPS_FLOOR``) and past the budget
+the maximization is refused with 413 ``graph_too_large``, while the whole network's pass (the
+global map) is still available.
 """
 
 from __future__ import annotations
