@@ -70,6 +70,23 @@ class Settings(NodeLimit):
         le=64,
         description="cold solves at once per API process, each in a worker process killed at SIGPROP_SOLVE_TIMEOUT_S; 0: solve in API threads (no kill)",
     )
+    small_solve_cost: int = Field(
+        default=2_000,
+        ge=0,
+        description="a cold solve of at most this many nodes + edges is small: it may also run in the small lane (SIGPROP_SMALL_SOLVE_PROCESSES), so large solves queued ahead never hold it up; 0: every solve is large",
+    )
+    small_solve_processes: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="worker processes per API process besides SIGPROP_SOLVE_PROCESSES that only small solves use (0: no small lane)",
+    )
+    cold_solves_per_client: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="large cold solves one client runs at once per API process; its others wait (within the solve timeout) while other clients' solves start; 0: no cap",
+    )
     memo_bytes: int = Field(
         default=64 << 20,
         ge=0,

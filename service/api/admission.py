@@ -1,8 +1,10 @@
 """Admission before work: what a request will cost, known from its size before anything is built,
 and a body memo bounded in bytes.
 
-The cost of a solve is near-linear in the nodes plus the edges of the graph (the engine's passes
-are; see ``engine.subnetworks`` and ``engine.jacobian``), so that sum is the estimate: counted on
+The cost of a solve is near-linear in the nodes plus the edges of the graph for every method (the
+engine's passes are; see ``engine.subnetworks``, ``engine.jacobian`` and ``engine.geometric``, and
+``bench/cost_bench.py`` for each method on graphs built to break that), so that sum is the
+estimate: counted on
 the parsed JSON for a node-by-node graph, computed exactly from a template's parameters
 (``TemplateSize``) for a template, in microseconds either way.
 """
@@ -83,20 +85,36 @@ def body_cost_bound(body: bytes) -> tuple[int, int]:
     byte patterns occur in no string; spellings with other spacing are not counted and an id
     holding a ``]`` ends its list's count early, so the result stays a lower bound. A body that
     is not a valid request may count keys no node holds: it is refused as too large, not invalid."""
-    nodes = body.count(b'"op":') + body.count(b'"op" :')
-    edges = sum(x.count(b'"') for x in _INPUTS.findall(body)) // 2 if nodes else 0
+    nodes, edges, _ = _body_counts(body)
     return nodes, edges
 
 
-def check_body_cost(body: bytes, budget: int) -> None:
-    """``check_cost`` on a lower bound counted on the bytes, before they are parsed."""
-    nodes, edges = body_cost_bound(body)
+def _body_counts(body: bytes) -> tuple[int, int, int]:
+    """``body_cost_bound``'s (nodes, edges), and the most inputs one ``"inputs"`` list holds."""
+    nodes = body.count(b'"op":') + body.count(b'"op" :')
+    if not nodes:
+        return 0, 0, 0
+    lists = [x.count(b'"') // 2 for x in _INPUTS.findall(body)]
+    return nodes, sum(lists), max(lists, default=0)
+
+
+def check_body_cost(body: bytes, budget: int, max_fan_in: int | None = None) -> None:
+    """``check_cost`` on a lower bound counted on the bytes, before they are parsed; and a node
+    with more inputs than ``max_fan_in`` (only sums and concats take several), refused as well
+    before the parse and validation that would take longer than the refusal should."""
+    nodes, edges, widest = _body_counts(body)
     if nodes + edges > budget:
         raise SigpropError(
             "graph_too_large",
             f"the graph has at least {nodes} nodes and {edges} edges, a cost of {nodes + edges}: "
             f"more than this service's budget of {budget} per solve",
             COST_HINT,
+        )
+    if max_fan_in is not None and widest > max_fan_in:
+        raise SigpropError(
+            "graph_too_large",
+            f"a node of the graph has at least {widest} inputs, more than this service's limit of {max_fan_in}",
+            "join the inputs in a tree of smaller sums or concats, or raise SIGPROP_MAX_FAN_IN on your own deployment",
         )
 
 

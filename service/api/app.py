@@ -86,7 +86,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_cost=settings.max_solve_cost,
         memo_bytes=settings.memo_bytes,
         solve_timeout_s=settings.solve_timeout_s,
-        solver=SolverPool(settings.solve_processes) if settings.solve_processes else None,
+        solver=(
+            SolverPool(settings.solve_processes, settings.small_solve_processes, settings.cold_solves_per_client)
+            if settings.solve_processes
+            else None
+        ),
+        small_cost=settings.small_solve_cost,
         # Redis only: the SQLite file has no change notifications to keep a memory coherent
         hot=state.cache.hot_answers(),
     )

@@ -6,7 +6,9 @@ worker processes (started lazily, reused between solves); each solves one reques
 solve that is still running at its deadline gets its process killed (SIGKILL: its CPU is free
 at once, whatever the engine was doing) and the caller gets 503 ``solve_timeout``; the next solve
 starts a fresh process. A request waiting for a free process counts the wait against the same
-deadline, so at most ``size`` solves use CPU at a time, per API process.
+deadline, so at most ``size`` solves use CPU at a time, per API process (plus ``small`` solves
+of small requests, in a lane of their own). Which waiting solve starts next is ``coldlanes.Lanes``'
+business: by lane, by client, then first come, first served.
 
 The processes come from a ``forkserver`` that has imported the engine already, so a replacement
 starts in milliseconds rather than importing numpy and the engine again, and no process is forked
@@ -33,6 +35,7 @@ import time
 from typing import Any
 
 from ..errors import SigpropError
+from .coldlanes import Lanes
 
 log = logging.getLogger("sigprop")
 _PRELOAD = ["sigprop.api.solver_preload"]
@@ -146,14 +149,16 @@ class _Worker:
 
 
 class SolverPool:
-    """Up to ``size`` solver processes; ``call(fn, args, timeout_s)`` runs ``fn(*args)`` in one of
-    them and kills it when it is still running after ``timeout_s`` (503 ``solve_timeout``)."""
+    """Up to ``size`` + ``small`` solver processes; ``call(fn, args, timeout_s)`` runs ``fn(*args)``
+    in one of them and kills it when it is still running after ``timeout_s`` (503
+    ``solve_timeout``). ``size`` processes take any solve, ``small`` more only solves marked small;
+    a client runs at most ``per_client`` solves at once (0: no cap), see ``coldlanes.Lanes``."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, small: int = 0, per_client: int = 0):
+        self.size = size + small
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(_PRELOAD)
-        self._slots = threading.BoundedSemaphore(size)
+        self.lanes = Lanes(size, small, per_client)
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._lock = threading.Lock()
@@ -166,12 +171,25 @@ class SolverPool:
         w = self._take()
         self._give_back(w)
 
-    def call(self, fn, args: tuple, wait_s: float, timeout_s: float | None = None, what: str = "the solve") -> Any:
+    def call(
+        self,
+        fn,
+        args: tuple,
+        wait_s: float,
+        timeout_s: float | None = None,
+        what: str = "the solve",
+        *,
+        client: str | None = None,
+        small: bool = False,
+    ) -> Any:
         """``fn(*args)`` in a solver process, killed when it has not answered ``wait_s`` from now
-        (queueing for a free process included); ``timeout_s`` is the timeout the 503 reports."""
+        (queueing for a free process included); ``timeout_s`` is the timeout the 503 reports.
+        ``client`` is who the solve counts against for the per-client cap; ``small``: it may use
+        the small lane."""
         timeout_s = wait_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait_s
-        if not self._slots.acquire(timeout=max(0.0, wait_s)):
+        ticket = self.lanes.acquire(client, small, wait_s)
+        if ticket is None:
             raise timeout_error(timeout_s, what)
         try:
             started = time.monotonic()
@@ -189,7 +207,7 @@ class SolverPool:
                 raise RuntimeError(f"a solver process died ({type(exc).__name__})") from None
             self._give_back(w)
         finally:
-            self._slots.release()
+            self.lanes.release(ticket)
         if kind == "ok":
             return value
         if kind == "sigprop":

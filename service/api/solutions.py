@@ -11,6 +11,10 @@ Admission comes before any work that grows with the request: the cost (nodes plu
 template's parameters or by counting the wire graph) is checked against ``max_cost`` and the
 client's cold-solve budget is checked (without counting) before the graph is built; the body memo
 is bounded in bytes and only remembers admitted requests.
+
+A cold solve carries its exact cost (nodes plus edges of the built graph): at most ``small_cost``,
+it may take the solver pool's small lane, so large solves queued ahead never hold it up; a larger
+one counts against its client's cap on concurrent large solves (``coldlanes.Lanes``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ..schemas.graph import Template
 from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
 from ..storage.hot import HotAnswers
 from ..storage.records import PLAIN
-from .admission import BodyMemo, check_body_cost, check_cost
+from .admission import BodyMemo, check_body_cost, check_cost, graph_cost
 from .coldpool import SolverPool, solve_request, timeout_error
 from .observability import CACHE, SOLVE_SECONDS, STORAGE
 
@@ -41,6 +45,7 @@ log = logging.getLogger("sigprop")
 _POLL_S = 0.02
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
 _IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
+_TEMPLATE_BYTES = 4 << 10  # a body this small naming a template is sized from its parameters first
 _HITS = CACHE.labels("hit")  # the hot path's counter, labelled once
 CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
 
@@ -66,6 +71,7 @@ class ColdSolve:
     prep: object | None  # the prepared request, when it was prepared in this process
     notes: list[str]
     client: str | None
+    cost: int  # nodes + edges of the built graph: whether the solve may take the small lane
 
 
 def prepare_body(body: bytes, limits: dict) -> tuple:
@@ -82,7 +88,8 @@ def prepare_body(body: bytes, limits: dict) -> tuple:
         max_cost=limits["max_cost"],
     )
     parsed, prep, data = checker.admit_and_prepare(body)
-    return parsed, prep.request.method, prep.request.activation, json.dumps(data, separators=(",", ":"))
+    request_text = json.dumps(data, separators=(",", ":"))
+    return parsed, prep.request.method, prep.request.activation, request_text, graph_size(prep.graph)
 
 
 @dataclass
@@ -108,6 +115,7 @@ class SolutionService:
         solver: SolverPool | None = None,
         solve_timeout_s: float | None = None,
         hot: HotAnswers | None = None,
+        small_cost: int = 0,
     ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
@@ -130,6 +138,8 @@ class SolutionService:
         # bodies seen before are answered on the event loop, with no I/O (``hot_hit``)
         self.hot = hot
         self.solve_timeout_s = solve_timeout_s if solve_timeout_s is not None else wait_timeout_s
+        # a cold solve of at most this many nodes + edges may take the solver pool's small lane
+        self.small_cost = small_cost
 
     # -- cache access that degrades instead of failing -----------------------------------------
     def hot_hit(self, body: bytes) -> SolveOutcome | None:
@@ -195,22 +205,24 @@ class SolutionService:
                 return self._hit(text, parsed, digest)
 
         precheck = getattr(self.limit_cold, "precheck", None)
-        if parsed is None and precheck is not None and len(body) > _IN_THREAD_BYTES:
+        in_process = parsed is None and self._heavy(body)
+        if in_process and precheck is not None:
             # a new body that costs real work to parse and build: a client already over its
             # cold-solve budget gets its 429 first (not counted). Small bodies cost milliseconds:
             # they are built, and a cache hit (same key, other bytes) still answers.
             precheck(client)
         if self.max_cost is not None and len(body) > _QUICK_BYTES:
-            check_body_cost(body, self.max_cost)  # a lower bound from the bytes, before parsing them
-        if self.solver is not None and len(body) > _IN_THREAD_BYTES:
-            parsed, method, activation, request_text = self.solver.call(
-                prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request"
+            check_body_cost(body, self.max_cost, self.max_fan_in)  # lower bounds from the bytes, before parsing
+        if in_process:
+            parsed, method, activation, request_text, cost = self.solver.call(
+                prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request", client=client
             )
             prep, payload = None, body
         else:
             parsed, prep, payload = self.admit_and_prepare(body)
             method, activation = prep.request.method, prep.request.activation
             request_text = json.dumps(payload, separators=(",", ":"))
+            cost = graph_size(prep.graph)
         self._memo.put(digest, parsed)
 
         notes = []
@@ -218,16 +230,30 @@ class SolutionService:
         if text is None:
             if not notes:
                 CACHE.labels("miss").inc()
-            return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client)
+            return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client, cost)
         return self._hit(text, parsed, digest)
 
     def prepares_in_process(self, body: bytes) -> bool:
         """Whether ``begin`` sends this body to a solver process to be parsed and prepared."""
-        return (
-            self.solver is not None
-            and len(body) > _IN_THREAD_BYTES
-            and self._memo.get(hashlib.sha256(body).digest()) is None
-        )
+        return self._heavy(body) and self._memo.get(hashlib.sha256(body).digest()) is None
+
+    def _heavy(self, body: bytes) -> bool:
+        """Whether a new body is parsed and built in a solver process rather than in this one,
+        where it would hold the GIL every other request needs: a large body, or a few bytes naming
+        a template that expands past the small-solve cost (six 10,000-layer MLP templates built
+        here held another client's small cold solve for over a second)."""
+        if self.solver is None:
+            return False
+        if len(body) > _IN_THREAD_BYTES:
+            return True
+        if len(body) > _TEMPLATE_BYTES or b'"template"' not in body:
+            return False
+        try:
+            graph = json.loads(body).get("graph")
+        except (ValueError, AttributeError, RecursionError):
+            return False  # the thread's parse says what is wrong with it
+        size = graph_cost(graph) if isinstance(graph, dict) and "template" in graph else None
+        return size is not None and size[0] + size[1] > self.small_cost
 
     def admit_and_prepare(self, body: bytes) -> tuple:
         """(parsed, prepared request, JSON data) of a body, refused (413) as early as its size says."""
@@ -354,7 +380,14 @@ class SolutionService:
         left = deadline - time.monotonic()
         if left <= 0:
             raise timeout_error(self.solve_timeout_s)
-        return self.solver.call(solve_request, (cold.payload,), left, timeout_s=self.solve_timeout_s)
+        return self.solver.call(
+            solve_request,
+            (cold.payload,),
+            left,
+            timeout_s=self.solve_timeout_s,
+            client=cold.client,
+            small=cold.cost <= self.small_cost,
+        )
 
     # -- stored solutions -------------------------------------------------------------------------
     def get(self, key: str) -> dict:
@@ -387,6 +420,11 @@ class SolutionService:
         if not self.cache.delete(key):
             raise SigpropError("not_found", f"no stored solution has key {key}", "list keys with GET /v1/solutions")
         return {"key": key, "deleted": True}
+
+
+def graph_size(graph) -> int:
+    """Nodes plus edges of a built graph: the cost admission priced, now exact."""
+    return graph.n + sum(len(nd.inputs) for nd in graph.nodes)
 
 
 def _too_large(n: int, limit: int, what: str = "the graph has") -> SigpropError:

@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 from ..errors import SigpropError
 from .activations import Activation, get_activation
-from .graph import ACT, AFFINE, CONCAT, PASS, SOURCE, SUM, NetworkGraph
+from .graph import ACT, AFFINE, CONCAT, SOURCE, SUM, NetworkGraph, pass_sources
 from .subnetworks import _dominators
 
 # Appendix F: the logits are scaled to standard deviation 0.05 at initialization.
@@ -163,11 +163,10 @@ def _rules(graph: NetworkGraph, gains: dict[int, float], w2: dict[int, float]):
     return rules
 
 
-def _forward(graph: NetworkGraph, rules, seed: dict[int, float], lo: int = 0, hi: int | None = None) -> list[float]:
+def _forward(graph: NetworkGraph, rules, seed: dict[int, float]) -> list[float]:
     """Per-element second moments pushed forward; ``seed`` fixes the values at some nodes."""
-    hi = graph.n - 1 if hi is None else hi
     m = [0.0] * graph.n
-    for nd in graph.nodes[lo : hi + 1]:
+    for nd in graph.nodes:
         if nd.index in seed:
             m[nd.index] = seed[nd.index]
         else:
@@ -175,16 +174,15 @@ def _forward(graph: NetworkGraph, rules, seed: dict[int, float], lo: int = 0, hi
     return m
 
 
-def _backward(graph: NetworkGraph, rules, start: int, value: float, lo: int = 0) -> list[float]:
+def _backward(graph: NetworkGraph, rules, start: int, value: float) -> list[float]:
     """Per-element second moments of the gradient pulled back from node ``start``."""
     d = [0.0] * graph.n
     d[start] = value
-    for nd in reversed(graph.nodes[lo : start + 1]):
+    for nd in reversed(graph.nodes[: start + 1]):
         if d[nd.index] == 0.0:
             continue
         for i, (_, b) in zip(nd.inputs, rules[nd.index], strict=False):
-            if i >= lo:
-                d[i] += b * d[nd.index]
+            d[i] += b * d[nd.index]
     return d
 
 
@@ -228,13 +226,10 @@ def _pooling_warnings(graph: NetworkGraph) -> list[str]:
             "gammas of the layers below it are approximate; a strided conv or avg_pool keeps the scaling"
         )
     mean_pools = []
+    source = pass_sources(nodes)
     for nd in nodes:
-        if nd.op in ("avg_pool", "global_avg_pool"):
-            src = nodes[nd.inputs[0]]
-            while src.kind == PASS and src.inputs:
-                src = nodes[src.inputs[0]]
-            if src.kind == ACT:
-                mean_pools.append(nd.user_id)
+        if nd.op in ("avg_pool", "global_avg_pool") and nodes[source[nd.inputs[0]]].kind == ACT:
+            mean_pools.append(nd.user_id)
     if mean_pools:
         out.append(
             f"average pooling of activations ({', '.join(mean_pools[:5])}) is modelled as in Table 1 "
@@ -247,21 +242,51 @@ def _pooling_warnings(graph: NetworkGraph) -> list[str]:
 
 def _gamma_ratios(graph: NetworkGraph, layers, rules, m, d) -> tuple[dict[int, float], dict[int, bool]]:
     """E[Delta y^2] / E[y^2] per layer, through the nearest output dominator at or after it (so a
-    layer inside a residual branch is measured through its block), and whether it sits in a branch."""
+    layer inside a residual branch is measured through its block), and whether it sits in a branch.
+
+    The layers measured through one dominator z are those after the dominator before it; every
+    path from such a layer to z stays between the two, so one reverse pass over that segment gives
+    the gains of all of them (``_segment_gains``): linear in nodes plus edges, where a pass per
+    layer was quadratic on a ladder whose blocks all end in sums with one early node."""
     cuts = _output_dominators(graph)
+    by_cut: dict[int, list[int]] = {}
+    at = 0
+    for nd in layers:  # canonical (topological) order, as the cuts are
+        while cuts[at] < nd.index:
+            at += 1
+        by_cut.setdefault(cuts[at], []).append(nd.index)
     ratio: dict[int, float] = {}
     in_branch: dict[int, bool] = {}
-    for nd in layers:
-        y = nd.index
-        z = next(t for t in cuts if t >= y)
-        if z == y or m[z] == 0.0:
-            ratio[y] = d[y] / m[y] if m[y] > 0 else 0.0
-        else:
-            g_fwd = _forward(graph, rules, {y: 1.0}, lo=y, hi=z)[z]
-            g_bwd = _backward(graph, rules, z, 1.0, lo=y)[y]
-            ratio[y] = g_fwd * g_bwd * d[z] / m[z]
-        in_branch[y] = z != y
+    for z, ys in by_cut.items():
+        inner = [y for y in ys if y != z]
+        if inner and m[z] != 0.0:
+            g_fwd, g_bwd = _segment_gains(graph, rules, inner[0], z)
+        for y in ys:
+            if z == y or m[z] == 0.0:
+                ratio[y] = d[y] / m[y] if m[y] > 0 else 0.0
+            else:
+                ratio[y] = g_fwd[y - inner[0]] * g_bwd[y - inner[0]] * d[z] / m[z]
+            in_branch[y] = z != y
     return ratio, in_branch
+
+
+def _segment_gains(graph: NetworkGraph, rules, lo: int, z: int) -> tuple[list[float], list[float]]:
+    """For every node y in [lo, z]: the forward gain of the second moment from y to z and the
+    backward gain from z to y (the sums over the paths y -> z of the products of the forward,
+    respectively backward, multipliers), indexed y - lo. One reverse pass: the forward gains are
+    the adjoint of the forward recursion, pulled back from z like the backward moments."""
+    fwd = [0.0] * (z - lo + 1)
+    bwd = [0.0] * (z - lo + 1)
+    fwd[-1] = bwd[-1] = 1.0
+    for nd in reversed(graph.nodes[lo : z + 1]):
+        f, b = fwd[nd.index - lo], bwd[nd.index - lo]
+        if f == 0.0 and b == 0.0:
+            continue
+        for i, (fi, bi) in zip(nd.inputs, rules[nd.index], strict=False):
+            if i >= lo:
+                fwd[i - lo] += fi * f
+                bwd[i - lo] += bi * b
+    return fwd, bwd
 
 
 def _balancing_alphas(graph: NetworkGraph, raw: dict[int, float], warnings: list[str]) -> dict[int, float]:
@@ -364,6 +389,16 @@ def _input_moment(first, info: dict, alpha: dict, input_second_moment: float | N
         if input_second_moment is None
         else float(input_second_moment)
     )
+    if input_second_moment is None and not (t > 0 and math.isfinite(t)):
+        # the first layer's multiplier is 0 or not finite: the gammas span more than a double
+        raise SigpropError(
+            "invalid_graph",
+            "the GR scalings of this graph's layers span more than a double's range, so no "
+            "conditioning multipliers balance them (its second moments grow or shrink geometrically "
+            "along its depth)",
+            "a sum with weights 1 doubles the second moment: weight residual sums so their squares add "
+            "to 1 (e.g. [0.8, 0.6]), and keep an activation between stacked dense or conv layers",
+        )
     if not (t > 0 and math.isfinite(t)):
         raise SigpropError(
             "invalid_target",

@@ -566,21 +566,27 @@ def _json(value) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def pass_sources(nodes: list[Node]) -> list[int]:
+    """For each node (in topological order), the node its value comes from through pass-through
+    ops (first inputs followed while the op is one; the node itself when it is not): one pass,
+    where a walk per query is quadratic on a long chain of them read by thousands of nodes."""
+    source = list(range(len(nodes)))
+    for nd in nodes:
+        if nd.kind == PASS and nd.inputs:
+            source[nd.index] = source[nd.inputs[0]]
+    return source
+
+
 def correlated_sum_warnings(nodes: list[Node]) -> list[str]:
     """The normalized-sum rule q = sum w_i^2 q_i (TAT section 2.3) holds when the summed branches
     are uncorrelated, which a weighted layer with fresh zero-mean weights on all but one branch
     guarantees. Say so where a sum adds two branches that no such layer separates."""
     out = []
+    source = pass_sources(nodes)
     for nd in nodes:
         if nd.kind != SUM:
             continue
-        plain = []
-        for i in nd.inputs:
-            j = i
-            while nodes[j].kind == PASS and nodes[j].inputs:
-                j = nodes[j].inputs[0]
-            if nodes[j].kind != AFFINE:
-                plain.append(i)
+        plain = [i for i in nd.inputs if nodes[source[i]].kind != AFFINE]
         if len(set(nd.inputs)) < len(nd.inputs) or len(plain) > 1:
             out.append(
                 f"sum node '{nd.user_id}' adds branches not separated by a weighted layer (or the same input "

@@ -16,6 +16,12 @@ usual architectures, so the whole M_{f,r} needs one forward pass over the networ
 over each branch that cannot compose into a larger subnetwork (a residual branch, a dense layer
 of a DenseNet): exactly the subnetworks B.5 says need visiting, derived from the graph rather than
 written by hand as dks users do today.
+
+Subnetworks nested inside each other (a skip from each layer to its mirror across the network)
+each need a pass of their own, so those passes grow with the square of the nesting depth; they
+are priced as their regions are walked (``STEPS_PER_COST``, ``STEPS_FLOOR``) and past the budget
+the maximization is refused with 413 ``graph_too_large``, while the whole network's pass (the
+global map) is still available.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from functools import partial
 
 import numpy as np
 
+from ..errors import SigpropError
 from ..schemas.structure import StructureReport
 from .graph import ACT, CONCAT, PASS, SOURCE, SUM, NetworkGraph
 
@@ -34,6 +41,13 @@ from .graph import ACT, CONCAT, PASS, SOURCE, SUM, NetworkGraph
 LocalMap = Callable[[object, int], object]
 
 _OP_PASS, _OP_ACT, _OP_MIX = 0, 1, 2
+
+# The passes M_{f,r} needs visit at most this many steps per node + edge (plus the floor): real
+# architectures need under one (ResNets, DenseNets, ladders: 0.3-0.9), while subnetworks nested
+# inside each other (a skip from each layer to its mirror across the network) need one pass each,
+# quadratic in the depth. Past the budget the maximization is refused (413) instead of run.
+STEPS_PER_COST = 2
+STEPS_FLOOR = 50_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,9 @@ class SubnetworkProgram:
     # affine layer) keeps the input's value: what a pass over a chain needs
     chain_slots: tuple[int, ...] = ()
     chain_keeps_input: bool = False
+    # the whole network's group (groups[0]), kept apart when the other groups are over the step
+    # budget: a pass over the whole network (the global map) never needs them
+    whole: _Group | None = None
 
     @property
     def groups(self) -> tuple[_Group, ...]:
@@ -77,7 +94,7 @@ class SubnetworkProgram:
             for slot in self.chain_slots:
                 x = r(x, slot)
             return x
-        vals = self._run(self.groups[0], x, r)
+        vals = self._run(self.whole if self.whole is not None else self.groups[0], x, r)
         return vals[self.output]
 
     def endpoint_values(self, x, r: LocalMap) -> list:
@@ -158,19 +175,33 @@ class SubnetworkProgram:
 
 
 def _dominators(preds: list[list[int]], root: int) -> tuple[list[int], list[int]]:
-    """Immediate dominators of a DAG whose nodes are numbered in topological order from ``root``'s side."""
+    """Immediate dominators of a DAG whose nodes are numbered in topological order from ``root``'s side
+    (``root`` = ``len(preds)``: the virtual node before every source), and the depths in their tree.
+
+    A node's immediate dominator is the nearest common ancestor, in the dominator tree built so
+    far, of its inputs. Walking up one tree edge at a time costs the depth difference, which a
+    long chain whose end meets an early node in thousands of sums makes quadratic; each node
+    therefore also keeps a skew-binary jump pointer (Myers, "An applicative random-access stack",
+    1983), fixed when the node is added, so each walk takes O(log depth) steps."""
     n = len(preds)
+    if root != n:
+        raise ValueError(f"the root is the virtual node len(preds) = {n}, not {root}")
     idom = [root] * n
-    depth = [0] * n
+    up = [root] * (n + 1)  # idom with the root appended, the root its own parent
+    jump = [root] * (n + 1)
+    level = [0] * n + [-1]  # depth in the dominator tree; the root's is -1
 
     def lca(a: int, b: int) -> int:
         while a != b:
-            da = depth[a] if a != root else -1
-            db = depth[b] if b != root else -1
-            if da >= db:
-                a = idom[a]
+            if level[a] < level[b]:
+                a, b = b, a
+            if level[a] > level[b]:  # climb a to b's depth, by its jump when that does not overshoot
+                j = jump[a]
+                a = j if level[j] >= level[b] else up[a]
+            elif jump[a] != jump[b]:  # equal depths, so equal jump depths: the common one is above both
+                a, b = jump[a], jump[b]
             else:
-                b = idom[b]
+                a, b = up[a], up[b]
         return a
 
     for v in range(n):
@@ -180,9 +211,11 @@ def _dominators(preds: list[list[int]], root: int) -> tuple[list[int], list[int]
             d = lca(d, p)
             if d == root:
                 break
-        idom[v] = d
-        depth[v] = 0 if d == root else depth[d] + 1
-    return idom, depth
+        idom[v] = up[v] = d
+        level[v] = level[d] + 1
+        j = jump[d]
+        jump[v] = jump[j] if level[d] - level[j] == level[j] - level[jump[j]] else d
+    return idom, level[:n]
 
 
 def _valid_steps(preds: list[list[int]], idom: list[int], pdom: Callable[[int, int], bool], root: int) -> list[bool]:
@@ -329,8 +362,9 @@ def _general_program(
     def pdom(t: int, v: int) -> bool:
         return tin[t] <= tin[v] and tout[v] <= tout[t]
 
-    def region(start: int, ends) -> set[int]:
-        """Nodes on paths from ``start`` (exclusive; root = the inputs) to any of ``ends``."""
+    def region(start: int, ends, limit: int | None = None) -> set[int] | None:
+        """Nodes on paths from ``start`` (exclusive; root = the inputs) to any of ``ends``; None
+        as soon as they are more than ``limit``."""
         seen = set(ends)
         stack = list(ends)
         while stack:
@@ -339,6 +373,8 @@ def _general_program(
                 if p != start and p not in seen:
                     seen.add(p)
                     stack.append(p)
+            if limit is not None and len(seen) > limit:
+                return None
         return seen
 
     # valid_step[s]: the region between idom(s) and s leaves only through s.
@@ -367,13 +403,21 @@ def _general_program(
         by_start[root].append(graph.output)
 
     # activation slots resolved now, so evaluation needs no lookups; a node's step is the same in
-    # every group that holds it
+    # every group that holds it. The groups' steps are counted against the budget as their regions
+    # are walked, so a graph over it costs the budget, not the quadratic walk (the whole
+    # network's group, first, is at most every node).
+    edges = sum(len(p) for p in preds)
+    budget = STEPS_PER_COST * (n + edges) + STEPS_FLOOR
+    left = budget
     step_of: dict[int, tuple] = {}
-    groups = []
+    groups: list[_Group] = []
     for start in sorted(by_start, key=lambda s: -1 if s == root else s):
         ends = by_start[start]
+        members = region(start, ends, left if groups else None)
+        if members is None:
+            break
         steps = []
-        members = sorted(region(start, ends) - {start})
+        members = sorted(members - {start})
         shared = {}
         if report is not None and report.shared_sums and not report.shared_sums.isdisjoint(members):
             shared = _shared_steps(nodes, members, None if start == root else start, report)
@@ -382,13 +426,29 @@ def _general_program(
             if step is None:
                 step = step_of[v] = _step(nodes, v, fn_slot)
             steps.append(step)
+        left -= len(steps)
         groups.append(_Group(None if start == root else start, tuple(steps), tuple(sorted(ends))))
+    over = len(groups) < len(by_start)
     return SubnetworkProgram(
-        tuple(groups),
-        sum(len(g.endpoints) for g in groups),
+        partial(_over_budget, n, edges, len(by_start), budget) if over else tuple(groups),
+        sum(len(ends) for ends in by_start.values()),
         graph.output,
         tuple(nd.user_id for nd in nodes),
         graph.depth(),
+        whole=groups[0] if over else None,
+    )
+
+
+def _over_budget(nodes: int, edges: int, groups: int, budget: int) -> tuple[_Group, ...]:
+    """The groups of a program over the step budget: refused when a method needs them."""
+    raise SigpropError(
+        "graph_too_large",
+        f"the graph nests its {groups} largest subnetworks so deeply that maximizing over them "
+        f"would visit more than {budget} nodes ({STEPS_PER_COST} per node and edge of its {nodes} nodes "
+        f"and {edges} edges, plus {STEPS_FLOOR}), each nested subnetwork in a pass of its own",
+        "skips that each join a layer with its mirror across the network (a very deep U-Net) nest "
+        "subnetworks quadratically: use fewer nested levels, or method 'eoc' or 'geometric', which "
+        "do not maximize over subnetworks",
     )
 
 
