@@ -184,6 +184,23 @@ class Settings(NodeLimit):
         description="requests with a wrong API key per client address (over it: 429 before the key is checked)",
     )
 
+    # slow clients and open connections (``sigprop serve``; api/connections.py)
+    max_connections: int = Field(
+        default=1000,
+        ge=16,
+        description="open connections per API process, lowered to fit the file-descriptor limit less 256; at the cap the connection sending its request the longest is closed to admit a new one",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request's headers must arrive within this many seconds of the connection (or of the request's first byte on a kept-alive one), else the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="a request's body must arrive within this many seconds of its headers, else the connection is closed",
+    )
+
     @model_validator(mode="after")
     def _redis_credentials(self):
         from .redis_url import with_credentials  # a small helper module: settings stay readable

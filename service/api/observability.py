@@ -19,6 +19,7 @@ import time
 import uuid
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from starlette.requests import ClientDisconnect
 
 REQUESTS = Counter("sigprop_requests_total", "HTTP requests", ["route", "method", "status"])
 LATENCY = Histogram(
@@ -139,6 +140,10 @@ class RequestContextMiddleware:
                 await _unknown_method(send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # the client left before its body was whole, or was shed at its body deadline
+            # (connections.py): there is no one to answer, and nothing went wrong here
+            status[0] = 499  # nginx's "client closed request"
         finally:
             elapsed = time.perf_counter() - start
             route = scope.get("route")
