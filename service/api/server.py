@@ -51,6 +51,7 @@ class NoDelayH11Protocol(GuardedConnection, H11Protocol):
 
 
 if importlib.util.find_spec("httptools") is not None:
+    from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class NoDelayHttpToolsProtocol(GuardedConnection, HttpToolsProtocol):  # module level: unpickled by name
@@ -69,6 +70,30 @@ if importlib.util.find_spec("httptools") is not None:
         def on_message_complete(self) -> None:
             super().on_message_complete()
             self._request_done()
+            self._start_deferred()
+
+        # A request with a body reaches the app once the body is whole (or past the flow-control
+        # mark, where uvicorn waits for the app to read): a client stalled in its body then costs
+        # a parser and a timer, not a run through the middleware and the route, which is what
+        # made thousands of them slow the probes queued behind them.
+        _deferred = None
+
+        def _start_asgi_task(self, cycle, app) -> None:
+            if cycle.more_body and not cycle.waiting_for_100_continue and self._phase != "idle":
+                self._deferred = (cycle, app)
+            else:
+                super()._start_asgi_task(cycle, app)
+
+        def on_body(self, body: bytes) -> None:
+            super().on_body(body)
+            if self._deferred is not None and len(self._deferred[0].body) > HIGH_WATER_LIMIT:
+                self._start_deferred()
+
+        def _start_deferred(self) -> None:
+            if self._deferred is not None:
+                cycle, app = self._deferred
+                self._deferred = None
+                super()._start_asgi_task(cycle, app)
 
 else:  # without uvicorn[standard]: h11
     NoDelayHttpToolsProtocol = None
