@@ -24,8 +24,9 @@ from .coldpool import SolverPool
 from .deps import Offload, read_access
 from .handlers import install_error_handlers
 from .hothits import HotHitMiddleware
-from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging
+from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
+from .probe_state import ProbeState
 from .ratelimit import make_limits
 from .routers import V1_ROUTERS, health
 from .solutions import SolutionService
@@ -47,8 +48,11 @@ async def lifespan(app: FastAPI):
     await state.offload.untimed(dashboard_pages)  # the dashboard's templates and static files
     if state.solutions.solver is not None:
         await state.offload.untimed(state.solutions.solver.warm)  # the forkserver imports the engine once
+    state.probes.start()  # /readyz's view of the store and the memory gauges, kept fresh by a thread
     state.warm = True
     yield
+    state.probes.stop()
+    forget_this_process()
     state.validations.close()  # local (no-Redis) validations still running end "failed": interrupted
     state.offload.shutdown()  # in-flight solves finish before the process exits
     if state.solutions.solver is not None:
@@ -88,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     state.validations = make_validations(settings, state.solutions)
     state.offload = Offload(settings.solve_timeout_s)
+    state.probes = ProbeState(state.cache, state.solutions)
     state.warm = False
 
     install_error_handlers(app)

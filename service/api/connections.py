@@ -24,6 +24,8 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass, field
 
+from .observability import CONNECTIONS_SHED
+
 # descriptors each process keeps for everything but client connections: the listening socket,
 # the event loop's own, Redis connections (one per pool thread at most), the solver processes'
 # pipes, the metric files, and the connections accepted in one burst before the cap is applied
@@ -58,6 +60,7 @@ class ConnectionGuard:
             victim = next(iter(self.reading), None) or next((c for c in self.open if c.guard_idle()), None)
             if victim is None:
                 self.shed["cap"] += 1
+                CONNECTIONS_SHED.labels("cap").inc()
                 return False
             self.drop(victim, "cap")
         self.open[conn] = None
@@ -65,6 +68,7 @@ class ConnectionGuard:
 
     def drop(self, conn, reason: str) -> None:
         self.shed[reason] += 1
+        CONNECTIONS_SHED.labels(reason).inc()
         self.forget(conn)
         conn.guard_close()
 
@@ -87,6 +91,11 @@ def guard() -> ConnectionGuard:
         _GUARD = ConnectionGuard(
             connection_cap(settings.max_connections), settings.header_timeout_s, settings.body_timeout_s
         )
+    return _GUARD
+
+
+def current_guard() -> ConnectionGuard | None:
+    """This process's guard if it has served a connection through ``server.py``'s protocols."""
     return _GUARD
 
 
