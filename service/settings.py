@@ -201,6 +201,18 @@ class Settings(NodeLimit):
         description="a request's body must arrive within this many seconds of its headers, else the connection is closed",
     )
 
+    # what the API port serves beyond the API and the probes; `sigprop serve` on a loopback
+    # address turns these on unless they are set (a developer's own machine)
+    expose_docs: bool = Field(default=False, description="serve /docs, /redoc and /openapi.json on the API port")
+    expose_dashboard: bool = Field(default=False, description="serve the dashboard (/dashboard) on the API port")
+    expose_metrics: bool = Field(default=False, description="serve /metrics on the API port")
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="`sigprop serve` also serves /metrics (every worker's) on this port of the same address, for a scraper on a private network; 0: no such port",
+    )
+
     @model_validator(mode="after")
     def _redis_credentials(self):
         from .redis_url import with_credentials  # a small helper module: settings stay readable

@@ -22,6 +22,7 @@ from ..storage import make_cache
 from .auth import KeyChecker
 from .coldpool import SolverPool
 from .deps import Offload, read_access
+from .exposure import ClosedSurfacesMiddleware, closed_paths
 from .handlers import install_error_handlers
 from .hothits import HotHitMiddleware
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
@@ -104,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     # innermost of ours: hits it answers are still size-limited, logged and counted
     app.add_middleware(HotHitMiddleware, solutions=state.solutions, enabled=not settings.keys_for_reads)
+    app.add_middleware(ClosedSurfacesMiddleware, closed=closed_paths(settings))  # docs, dashboard, metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, logger=logger)
     return app
