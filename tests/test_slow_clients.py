@@ -44,11 +44,14 @@ def open_half_open(port: int, n: int) -> list[socket.socket]:
     return conns
 
 
-def healthz_seconds(port: int, timeout_s: float = 5.0) -> float:
-    """One GET /healthz on a fresh connection: the seconds to the whole answer (inf: none came)."""
+def healthz_seconds(port: int, timeout_s: float = 5.0, source: str | None = None) -> float:
+    """One GET /healthz on a fresh connection (from ``source``, another loopback address, when
+    given): the seconds to the whole answer (inf: none came)."""
     start = time.perf_counter()
     try:
-        with socket.create_connection((LOOPBACK, port), timeout=timeout_s) as s:
+        with socket.create_connection(
+            (LOOPBACK, port), timeout=timeout_s, source_address=(source, 0) if source else None
+        ) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
             data = b""
             while chunk := s.recv(65536):
