@@ -89,6 +89,12 @@ if importlib.util.find_spec("httptools") is not None:
             if self._deferred is not None and len(self._deferred[0].body) > HIGH_WATER_LIMIT:
                 self._start_deferred()
 
+        def shutdown(self) -> None:
+            if self._deferred is not None:  # the app never saw it: nothing to finish
+                self.transport.close()
+                return
+            super().shutdown()
+
         def _start_deferred(self) -> None:
             if self._deferred is not None:
                 cycle, app = self._deferred
