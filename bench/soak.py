@@ -65,8 +65,10 @@ def memory_gauges(base: str) -> dict[str, float]:
     return out
 
 
-def load(base: str, rate: float, cold_every: int, stop: threading.Event, counts: dict, offset: int) -> None:
-    """One paced client: ``rate`` requests/s, every ``cold_every``-th a new 100-layer MLP."""
+def load(
+    base: str, rate: float, cold_every: int, stop: threading.Event, counts: dict, offset: int, depth: int = 100
+) -> None:
+    """One paced client: ``rate`` requests/s, every ``cold_every``-th a new ``depth``-layer MLP."""
     period, n = 1.0 / rate, 0
     with httpx.Client(base_url=base, timeout=60) as c:
         next_at = time.monotonic()
@@ -75,7 +77,7 @@ def load(base: str, rate: float, cold_every: int, stop: threading.Event, counts:
             if n % cold_every == 0:
                 eta = 0.05 + 0.9 * ((offset * 1_000_003 + n) % 999_983) / 999_983
                 body = {
-                    "graph": {"template": "mlp", "depth": 100, "width": 64},
+                    "graph": {"template": "mlp", "depth": depth, "width": 64},
                     "method": "tat",
                     "activation": "leaky_relu",
                     "targets": {"eta": round(eta, 9)},
@@ -97,6 +99,12 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=40.0, help="requests/s in total")
     ap.add_argument("--clients", type=int, default=4, help="paced clients (keep-alive connections)")
     ap.add_argument("--cold-every", type=int, default=20, help="one cold solve every this many requests")
+    ap.add_argument(
+        "--cold-depth",
+        type=int,
+        default=100,
+        help="layers of the cold solves' MLPs (deeper: larger answers, so the bounded memories fill sooner)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="sigprop serve --workers")
     ap.add_argument("--warmup-min", type=float, default=3.0, help="minutes of warm-up before the baseline")
     ap.add_argument("--sample-s", type=float, default=15.0, help="seconds between samples")
@@ -115,7 +123,9 @@ def main() -> int:
         server.wait_ready()
         threads = [
             threading.Thread(
-                target=load, args=(server.base, args.rate / args.clients, args.cold_every, stop, counts, i), daemon=True
+                target=load,
+                args=(server.base, args.rate / args.clients, args.cold_every, stop, counts, i, args.cold_depth),
+                daemon=True,
             )
             for i in range(args.clients)
         ]
