@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 
-import httpx
 import pytest
 
 from sigprop.api.probe_state import StoreState

@@ -145,7 +145,6 @@ def test_nginx_in_front_of_the_api_sheds_slow_clients_and_names_the_client(tmp_p
         # probes from another address: nginx allows one address 64 requests in flight, and the
         # stalled bodies above are in flight (their headers are in), so this one is at its limit
         assert all(healthz_seconds(port, source="127.0.0.2") < 1.0 for _ in range(3))
-        probed = time.monotonic() - start
         left = wait_all_closed(conns, start + 8)
         print(
             f"\n300 half-open connections through nginx all closed after {time.monotonic() - start:.1f} s ({left} left)"
