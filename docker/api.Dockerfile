@@ -2,7 +2,8 @@
 # The sigprop HTTP API. Build from the repository root:
 #   docker build -f docker/api.Dockerfile -t sigprop-api .
 # The build needs the network (pip fetches the dependencies); the running image needs none.
-FROM python:3.11-slim
+# python:3.11-slim, pinned by digest (a rebuild of the tag cannot change what is built)
+FROM python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

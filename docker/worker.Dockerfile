@@ -4,10 +4,11 @@
 #   docker build -f docker/worker.Dockerfile -t sigprop-worker .
 # CPU only (a slim Python base plus PyTorch's CPU wheel, ~200 MB instead of several GB):
 #   docker build -f docker/worker.Dockerfile -t sigprop-worker:cpu \
-#     --build-arg BASE_IMAGE=python:3.11-slim --build-arg TORCH_CPU=1 .
+#     --build-arg BASE_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7 --build-arg TORCH_CPU=1 .
 # The build needs the network (pip, and download.pytorch.org for the CPU wheel); the running
 # image needs none: the `digits` data set ships inside scikit-learn.
-ARG BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+# pinned by digest (pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime)
+ARG BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime@sha256:c8268a92a69bd500f8be0e665b2630ee006dadaf7bfbc24249141b15ff622755
 FROM ${BASE_IMAGE}
 
 # 1: install the CPU-only torch wheel before sigprop, so `.[worker]` finds torch satisfied and

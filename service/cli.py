@@ -107,6 +107,7 @@ def cmd_serve(args) -> int:
 
     from .settings import Settings
 
+    _expose_on_loopback(args.host)
     try:  # refuse to start on settings that cannot work, with the reason, before uvicorn starts
         settings = Settings()
     except ValidationError as exc:
@@ -131,7 +132,13 @@ def cmd_serve(args) -> int:
     from .api.server import uvicorn_options
 
     trusted = ",".join(p.strip() for p in settings.trusted_proxies.split(",") if p.strip())
-    print(_listening(args), flush=True)
+    if settings.metrics_port:
+        try:
+            _serve_metrics(args.host, settings.metrics_port)
+        except OSError as exc:
+            print(f"sigprop serve: cannot serve /metrics on port {settings.metrics_port}: {exc}", file=sys.stderr)
+            return 2
+    print(_listening(args, settings), flush=True)
 
     uvicorn.run(
         "sigprop.api.app:create_app",
@@ -150,12 +157,55 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _listening(args) -> str:
+def _listening(args, settings=None) -> str:
     """The line ``sigprop serve`` prints before it serves: where to point a client or a browser."""
     host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address goes in brackets
     url = f"http://{host}:{args.port}"
-    workers = f", {args.workers} workers" if args.workers > 1 else ""
-    return f"sigprop serve: listening on {url} ({url}/docs for the API, {url}/dashboard{workers})"
+    shown = [
+        f"{url}{path}{what}"
+        for path, what, on in (
+            ("/docs", " for the API", settings is None or settings.expose_docs),
+            ("/dashboard", "", settings is None or settings.expose_dashboard),
+        )
+        if on
+    ]
+    if args.workers > 1:
+        shown.append(f"{args.workers} workers")
+    if settings is not None and settings.metrics_port:
+        shown.append(f"/metrics on port {settings.metrics_port}")
+    return f"sigprop serve: listening on {url}" + (f" ({', '.join(shown)})" if shown else "")
+
+
+def _expose_on_loopback(host: str) -> None:
+    """On a loopback address, a developer's own machine, the docs, the dashboard and /metrics are
+    on unless the settings say otherwise; on any other they are off unless turned on (api/exposure.py).
+    Set in the environment, which uvicorn's worker processes inherit and read their settings from."""
+    if _is_loopback(host):
+        for name in ("SIGPROP_EXPOSE_DOCS", "SIGPROP_EXPOSE_DASHBOARD", "SIGPROP_EXPOSE_METRICS"):
+            os.environ.setdefault(name, "true")
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _serve_metrics(host: str, port: int) -> None:
+    """``/metrics`` on a port of its own, from this (the supervising) process: every worker's
+    metrics through the shared folder, or this process's own with one worker, which serves here."""
+    from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
+
+    registry = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    start_http_server(port, addr=host, registry=registry)
 
 
 def cmd_worker(args) -> int:

@@ -201,6 +201,35 @@ class Settings(NodeLimit):
         description="requests with a wrong API key per client address (over it: 429 for its wrong keys; a right key always passes)",
     )
 
+    # slow clients and open connections (``sigprop serve``; api/connections.py)
+    max_connections: int = Field(
+        default=1000,
+        ge=16,
+        description="open connections per API process, lowered to fit the file-descriptor limit less 256; at the cap the connection sending its request the longest is closed to admit a new one",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a request's headers must arrive within this many seconds of the connection (or of the request's first byte on a kept-alive one), else the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="a request's body must arrive within this many seconds of its headers, else the connection is closed",
+    )
+
+    # what the API port serves beyond the API and the probes; `sigprop serve` on a loopback
+    # address turns these on unless they are set (a developer's own machine)
+    expose_docs: bool = Field(default=False, description="serve /docs, /redoc and /openapi.json on the API port")
+    expose_dashboard: bool = Field(default=False, description="serve the dashboard (/dashboard) on the API port")
+    expose_metrics: bool = Field(default=False, description="serve /metrics on the API port")
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="`sigprop serve` also serves /metrics (every worker's) on this port of the same address, for a scraper on a private network; 0: no such port",
+    )
+
     @model_validator(mode="after")
     def _redis_credentials(self):
         from .redis_url import with_credentials  # a small helper module: settings stay readable

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -67,3 +68,15 @@ def app_client(tmp_path: Path, **settings):
             yield client
     finally:
         job.train = previous
+
+
+def readyz_when(client, check, timeout_s: float = 3.0):
+    """The first ``/readyz`` answer for which ``check(response)`` holds, polled for ``timeout_s``:
+    the probe reports the store as a background thread last saw it, every half second
+    (``api/probe_state.py``), so a change of the store shows up within about that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get("/readyz")
+        if check(r) or time.monotonic() > deadline:
+            return r
+        time.sleep(0.05)

@@ -123,7 +123,7 @@ def test_compose_is_valid_and_shaped_for_the_deployment():
 
     spec = YAML(typ="safe").load(COMPOSE.read_text())
     services = spec["services"]
-    assert set(services) == {"redis", "api", "worker"}
+    assert set(services) == {"redis", "api", "worker", "proxy"}
 
     redis = services["redis"]
     assert redis["image"].startswith("redis:7")
@@ -139,7 +139,9 @@ def test_compose_is_valid_and_shaped_for_the_deployment():
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
         assert svc["env_file"] == ".env"
         assert svc["environment"]["SIGPROP_REDIS_URL"].endswith("redis://redis:6379/0}")
-    assert any(p.endswith(":8000") for p in services["api"]["ports"])
+    # only the proxy is published; the API listens on the compose network
+    assert services["proxy"]["ports"] == ["${SIGPROP_PORT:-8000}:8080"]
+    assert [name for name, svc in services.items() if "ports" in svc] == ["proxy"]
 
     worker = services["worker"]
     assert "container_name" not in worker and "ports" not in worker, "fixed names or ports would break --scale worker=N"
@@ -376,3 +378,64 @@ def test_compose_redis_command_really_requires_the_password(tmp_path):
 def test_worker_image_has_a_healthcheck():
     check = only(WORKER_DOCKERFILE, "HEALTHCHECK")
     assert json.loads(check[check.index("CMD") + 3 :].strip()) == ["sigprop", "worker", "--check"], check
+
+
+# --- hardening (issue 26) ----------------------------------------------------------------------
+
+DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def _services() -> dict:
+    from ruamel.yaml import YAML  # a dependency of check-jsonschema (dev extra)
+
+    return YAML(typ="safe").load(COMPOSE.read_text())["services"]
+
+
+def test_every_container_is_read_only_without_capabilities_or_new_privileges():
+    for name, svc in _services().items():
+        assert svc.get("read_only") is True, name
+        assert svc.get("cap_drop") == ["ALL"] and "cap_add" not in svc, name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert "privileged" not in svc, name
+        # where they must write: a tmpfs, or a volume
+        assert "/tmp" in svc.get("tmpfs", []), name
+    services = _services()
+    assert services["redis"]["volumes"][0].endswith(":/data") and services["redis"]["user"] == "999:1000"
+    assert any(v.endswith(":/data") for v in services["api"]["volumes"])  # SIGPROP_DATA_DIR
+    assert any(t.startswith("/home/sigprop:uid=10001,") for t in services["worker"]["tmpfs"])
+
+
+def test_the_proxy_runs_the_repository_s_nginx_conf_and_the_api_trusts_only_it():
+    services = _services()
+    proxy, api = services["proxy"], services["api"]
+    assert proxy["entrypoint"] == ["nginx", "-g", "daemon off;"]
+    assert "./docker/nginx.conf:/etc/nginx/nginx.conf:ro" in proxy["volumes"]
+    assert (ROOT / "docker" / "nginx.conf").exists()
+    assert proxy["depends_on"]["api"]["condition"] == "service_healthy"
+    assert "/proxy-health" in " ".join(proxy["healthcheck"]["test"])
+    address = proxy["networks"]["backend"]["ipv4_address"]
+    assert api["environment"]["SIGPROP_TRUSTED_PROXIES"] == address
+    import ipaddress
+
+    from ruamel.yaml import YAML
+
+    subnet = YAML(typ="safe").load(COMPOSE.read_text())["networks"]["backend"]["ipam"]["config"][0]["subnet"]
+    assert ipaddress.ip_address(address) in ipaddress.ip_network(subnet)
+    for name, svc in services.items():
+        assert "backend" in svc["networks"], name
+    # the docs, the dashboard and /metrics stay off on the public port; metrics on the private one
+    example = (ROOT / ".env.example").read_text()
+    for name in ("DOCS", "DASHBOARD", "METRICS"):
+        assert f"\nSIGPROP_EXPOSE_{name}=false\n" in example
+    assert api["environment"]["SIGPROP_METRICS_PORT"] == "${SIGPROP_METRICS_PORT:-9100}"
+
+
+def test_base_images_are_pinned_by_digest():
+    services = _services()
+    for name in ("redis", "proxy"):
+        assert DIGEST.match(services[name]["image"]), services[name]["image"]
+    assert DIGEST.match(only(API_DOCKERFILE, "FROM"))
+    base = [rest for kw, rest in instructions(WORKER_DOCKERFILE) if kw == "ARG" and rest.startswith("BASE_IMAGE=")]
+    assert len(base) == 1 and DIGEST.match(base[0].split("=", 1)[1]), base
+    compose_base = services["worker"]["build"]["args"]["BASE_IMAGE"]
+    assert compose_base == "${WORKER_BASE_IMAGE:-" + base[0].split("=", 1)[1] + "}"

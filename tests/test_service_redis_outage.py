@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from .inprocess import readyz_when
 from .service_fixtures import assert_error, metric_value, start_redis, start_service, strip_cached
 
 REQ_A = {
@@ -92,7 +93,7 @@ def test_redis_outage_degrades_and_recovers(tmp_path, redis_server, service):
     assert _cache_warning(b), b["warnings"]
     assert elapsed < DEGRADED_LATENCY_S, elapsed
 
-    ready = c.get("/readyz")
+    ready = readyz_when(c, lambda r: r.status_code == 503)
     assert ready.status_code == 503, ready.text
     assert ready.json()["cache_reachable"] is False and ready.json()["status"] == "not_ready"
     assert c.get("/healthz").status_code == 200  # alive, just not ready

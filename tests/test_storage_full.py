@@ -20,6 +20,7 @@ from sigprop.api.app import create_app
 from sigprop.settings import Settings
 from sigprop.storage import sqlite_backend
 
+from .inprocess import readyz_when
 from .service_fixtures import metric_value, start_redis
 
 KEY = "storage-full-test-key"
@@ -84,7 +85,7 @@ def _check_degraded_answers(
     assert cold.status_code == 200, cold.text
     assert cold.json()["cached"] is False and _not_stored(cold.json()), cold.json()["warnings"]
     assert c.post("/v1/solve", json=cold_req).json()["cached"] is False  # it really was not stored
-    ready = c.get("/readyz")
+    ready = readyz_when(c, lambda r: r.json()["storage"] == "degraded")
     assert ready.status_code == 200, ready.text
     assert ready.json()["storage"] == "degraded" and ready.json()["status"] == "ready", ready.json()
     assert c.get("/v1/solutions").status_code == 200
@@ -128,7 +129,7 @@ def test_redis_at_maxmemory_degrades_and_recovers(tmp_path, full_redis):
 
         # memory freed: the next probe and the next cold solve store again, without a restart
         r.delete(*[f"filler:{i}" for i in range(fillers)])
-        ready = c.get("/readyz")
+        ready = readyz_when(c, lambda r: r.json()["storage"] == "ok")
         assert ready.status_code == 200 and ready.json()["storage"] == "ok", ready.json()
         cold = c.post("/v1/solve", json=_req(0.31))
         assert cold.status_code == 200 and not _not_stored(cold.json())
@@ -157,7 +158,7 @@ def test_redis_read_only_replica_degrades(tmp_path, full_redis):
             while r.info("replication").get("master_link_status") != "up":
                 assert time.monotonic() < deadline, r.info("replication")
                 time.sleep(0.05)
-            ready = c.get("/readyz")
+            ready = readyz_when(c, lambda r: r.json()["storage"] == "degraded")
             assert ready.status_code == 200 and ready.json()["storage"] == "degraded", ready.json()
             for _ in range(2):
                 cold = c.post("/v1/solve", json=_req(0.33))
@@ -170,7 +171,7 @@ def test_redis_read_only_replica_degrades(tmp_path, full_redis):
                 )
             )
             r.replicaof("no", "one")
-            assert c.get("/readyz").json()["storage"] == "ok"
+            assert readyz_when(c, lambda r: r.json()["storage"] == "ok").json()["storage"] == "ok"
             assert not _not_stored(c.post("/v1/solve", json=_req(0.33)).json())
     finally:
         primary.stop()
@@ -216,5 +217,5 @@ def test_sqlite_refusing_writes_degrades_and_recovers(tmp_path, sqlite_limits, l
         sqlite_limits.update(query_only=0, max_page_count=1_073_741_823)
         cold = c.post("/v1/solve", json=_req(0.31, depth=300))
         assert cold.status_code == 200 and not _not_stored(cold.json())
-        assert c.get("/readyz").json()["storage"] == "ok"
+        assert readyz_when(c, lambda r: r.json()["storage"] == "ok").json()["storage"] == "ok"
         assert c.post("/v1/solve", json=_req(0.31, depth=300)).json()["cached"] is True

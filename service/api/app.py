@@ -22,11 +22,13 @@ from ..storage import make_cache
 from .auth import KeyChecker, check_keys
 from .coldpool import SolverPool
 from .deps import Offload, read_access
+from .exposure import ClosedSurfacesMiddleware, closed_paths
 from .handlers import install_error_handlers
 from .hothits import HotHitMiddleware
-from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging
+from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
 from .proxies import apply_proxy_trust
+from .probe_state import ProbeState
 from .ratelimit import make_limits
 from .routers import V1_ROUTERS, health
 from .solutions import SolutionService
@@ -48,8 +50,11 @@ async def lifespan(app: FastAPI):
     await state.offload.untimed(dashboard_pages)  # the dashboard's templates and static files
     if state.solutions.solver is not None:
         await state.offload.untimed(state.solutions.solver.warm)  # the forkserver imports the engine once
+    state.probes.start()  # /readyz's view of the store and the memory gauges, kept fresh by a thread
     state.warm = True
     yield
+    state.probes.stop()
+    forget_this_process()
     state.validations.close()  # local (no-Redis) validations still running end "failed": interrupted
     state.offload.shutdown()  # in-flight solves finish before the process exits
     if state.solutions.solver is not None:
@@ -97,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     state.validations = make_validations(settings, state.solutions)
     state.offload = Offload(settings.solve_timeout_s)
+    state.probes = ProbeState(state.cache, state.solutions)
     state.warm = False
 
     install_error_handlers(app)
@@ -108,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     # innermost of ours: hits it answers are still size-limited, logged and counted
     app.add_middleware(HotHitMiddleware, solutions=state.solutions, enabled=not settings.keys_for_reads)
+    app.add_middleware(ClosedSurfacesMiddleware, closed=closed_paths(settings))  # docs, dashboard, metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, logger=logger)
     return app

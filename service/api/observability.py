@@ -18,7 +18,16 @@ import sys
 import time
 import uuid
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from starlette.requests import ClientDisconnect
 
 REQUESTS = Counter("sigprop_requests_total", "HTTP requests", ["route", "method", "status"])
 LATENCY = Histogram(
@@ -41,6 +50,16 @@ SOLVE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
+# What each API process holds, sampled by probe_state.py; "livesum": with several workers, the sum
+# over the live ones. part: hot_answers, body_memo, solver_processes (their resident memory),
+# api_process (this process's resident memory).
+MEMORY_BYTES = Gauge("sigprop_memory_bytes", "bytes held, by part", ["part"], multiprocess_mode="livesum")
+MEMORY_ENTRIES = Gauge("sigprop_memory_entries", "entries held, by part", ["part"], multiprocess_mode="livesum")
+SOLVER_PROCESSES = Gauge("sigprop_solver_processes", "solver processes alive", multiprocess_mode="livesum")
+OPEN_CONNECTIONS = Gauge("sigprop_open_connections", "open client connections", multiprocess_mode="livesum")
+# reason: header_timeout, body_timeout, cap (connections.py)
+CONNECTIONS_SHED = Counter("sigprop_connections_shed_total", "client connections closed by the server", ["reason"])
+
 
 def metrics_payload() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -48,6 +67,13 @@ def metrics_payload() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(), CONTENT_TYPE_LATEST
+
+
+def forget_this_process() -> None:
+    """Drop this process's live gauges from the shared metrics folder at exit, so that a restarted
+    worker's sizes are not summed with those of the one it replaced."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(os.getpid())
 
 
 class JsonFormatter(logging.Formatter):
@@ -139,6 +165,10 @@ class RequestContextMiddleware:
                 await _unknown_method(send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # the client left before its body was whole, or was shed at its body deadline
+            # (connections.py): there is no one to answer, and nothing went wrong here
+            status[0] = 499  # nginx's "client closed request"
         finally:
             elapsed = time.perf_counter() - start
             route = scope.get("route")

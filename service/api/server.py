@@ -5,6 +5,9 @@ With ``--workers`` > 1 uvicorn binds the listening socket itself with protocol n
 asyncio only enables TCP_NODELAY on sockets created with IPPROTO_TCP; Nagle's algorithm then holds
 every keep-alive response until the client's delayed ACK, about 40 ms (uvicorn issue #3149).
 Setting the option on each accepted connection restores sub-millisecond responses.
+
+Each connection also gets the header and body deadlines and the connection cap of
+``connections.py``: uvicorn has neither.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 import importlib.util
 import socket
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .connections import GuardedConnection
 
 
 def _no_delay(transport) -> None:
@@ -24,19 +30,76 @@ def _no_delay(transport) -> None:
             pass
 
 
-class NoDelayH11Protocol(H11Protocol):
+class NoDelayH11Protocol(GuardedConnection, H11Protocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         _no_delay(transport)
         super().connection_made(transport)
 
+    def handle_events(self) -> None:
+        # h11 buffers a request until it is whole: its state after each batch of data says where
+        # the request stands (a request pipelined behind one in flight waits in the buffer, and
+        # its deadline starts once the parser turns to it)
+        super().handle_events()
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            self._request_began()
+            self._headers_done()
+        elif state is h11.DONE or state is h11.MUST_CLOSE:
+            self._request_done()
+        elif state is h11.IDLE and self.conn.trailing_data[0]:
+            self._request_began()
+
 
 if importlib.util.find_spec("httptools") is not None:
+    from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class NoDelayHttpToolsProtocol(HttpToolsProtocol):  # module level: the workers unpickle it by name
+    class NoDelayHttpToolsProtocol(GuardedConnection, HttpToolsProtocol):  # module level: unpickled by name
         def connection_made(self, transport) -> None:  # type: ignore[override]
             _no_delay(transport)
             super().connection_made(transport)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._request_began()
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._headers_done()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._request_done()
+            self._start_deferred()
+
+        # A request with a body reaches the app once the body is whole (or past the flow-control
+        # mark, where uvicorn waits for the app to read): a client stalled in its body then costs
+        # a parser and a timer, not a run through the middleware and the route, which is what
+        # made thousands of them slow the probes queued behind them.
+        _deferred = None
+
+        def _start_asgi_task(self, cycle, app) -> None:
+            if cycle.more_body and not cycle.waiting_for_100_continue and self._phase != "idle":
+                self._deferred = (cycle, app)
+            else:
+                super()._start_asgi_task(cycle, app)
+
+        def on_body(self, body: bytes) -> None:
+            super().on_body(body)
+            if self._deferred is not None and len(self._deferred[0].body) > HIGH_WATER_LIMIT:
+                self._start_deferred()
+
+        def shutdown(self) -> None:
+            if self._deferred is not None:  # the app never saw it: nothing to finish
+                self.transport.close()
+                return
+            super().shutdown()
+
+        def _start_deferred(self) -> None:
+            if self._deferred is not None:
+                cycle, app = self._deferred
+                self._deferred = None
+                super()._start_asgi_task(cycle, app)
 
 else:  # without uvicorn[standard]: h11
     NoDelayHttpToolsProtocol = None

@@ -141,6 +141,16 @@ class SolutionService:
         # a cold solve of at most this many nodes + edges may take the solver pool's small lane
         self.small_cost = small_cost
 
+    def memory(self) -> dict[str, int]:
+        """What this process holds for its answers, in bytes and entries (``/metrics``)."""
+        hot = self.hot
+        return {
+            "hot_answers": hot.bytes if hot is not None else 0,
+            "hot_answers_entries": len(hot) if hot is not None else 0,
+            "body_memo": self._memo.bytes,
+            "body_memo_entries": len(self._memo),
+        }
+
     # -- cache access that degrades instead of failing -----------------------------------------
     def hot_hit(self, body: bytes) -> SolveOutcome | None:
         """The answer to a body seen before whose answer is in memory (``storage/hot.py``), else

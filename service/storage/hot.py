@@ -181,6 +181,11 @@ class HotAnswers:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def bytes(self) -> int:
+        """Bytes of the answers (and their views) held now."""
+        return self._bytes
+
     # -- invalidation ----------------------------------------------------------------------------
     def _drain(self) -> bool:
         """Apply every invalidation Redis has pushed (lock held). False, with the memory dropped,

@@ -1,6 +1,7 @@
 """The probes and metrics, open even with ``SIGPROP_KEYS_FOR_READS``: ``/healthz`` (the process is
 up), ``/readyz`` (the cache answers and the engine is warm; 503 otherwise), ``/metrics``
-(Prometheus).
+(Prometheus). ``/readyz`` answers from the store's state as a background thread last saw it
+(``probe_state.py``), at most half a second old.
 
 A store that answers but refuses writes (full, read-only) leaves ``/readyz`` at 200 with
 ``"storage": "degraded"``: this process still answers every solve (hits from the store, cold
@@ -14,8 +15,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ... import ENGINE_VERSION, __version__
-from ...storage import CacheUnavailable
-from ..deps import Run
 from ..observability import metrics_payload
 
 router = APIRouter(tags=["health"])
@@ -27,15 +26,11 @@ async def healthz():
 
 
 @router.get("/readyz")
-async def readyz(request: Request, run: Run):
+async def readyz(request: Request):
+    # on the event loop, from the state probe_state.py's thread keeps: no I/O, no pool to queue in
     state = request.app.state
-    cache_ok = await run.untimed(state.cache.ping)
-    storage = "unreachable"
-    if cache_ok:
-        try:
-            storage = "ok" if await run.untimed(state.cache.writable) else "degraded"
-        except CacheUnavailable:
-            cache_ok = False
+    store = state.probes.current()
+    cache_ok, storage = store.reachable, store.storage
     body = {
         "status": "ready" if cache_ok and state.warm else "not_ready",
         "cache": state.cache.backend,
