@@ -15,6 +15,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 for _surface in ("DOCS", "DASHBOARD", "METRICS"):
     os.environ.setdefault(f"SIGPROP_EXPOSE_{_surface}", "true")
 
+
 def pytest_sessionfinish(session, exitstatus):
     """Leave the tests' Redis database (SIGPROP_TEST_REDIS_URL, db 14 by default) empty, as found.
 

@@ -27,8 +27,8 @@ from .handlers import install_error_handlers
 from .hothits import HotHitMiddleware
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
-from .proxies import apply_proxy_trust
 from .probe_state import ProbeState
+from .proxies import apply_proxy_trust
 from .ratelimit import make_limits
 from .routers import V1_ROUTERS, health
 from .solutions import SolutionService
