@@ -189,8 +189,7 @@ class ChainProgram(NetworkProgram):
     repeat the value before them, are left out of ``candidate_values``."""
 
     def __init__(self, graph: NetworkGraph):
-        if not is_chain(graph):
-            raise ValueError("the graph is not a chain: some node does not read exactly the node before it")
+        """``graph`` is a chain (``is_chain``; ``chain_program`` checks it)."""
         nodes = graph.nodes
         fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
         self.acts = tuple([nd.index for nd in nodes if nd.kind == ACT])
@@ -315,6 +314,8 @@ def general_program(graph: NetworkGraph, report: StructureReport | None = None) 
 def chain_program(graph: NetworkGraph, report: StructureReport | None = None) -> ChainProgram:
     """The chain implementation; ValueError unless the graph is a chain. A chain has no sum, so
     the structure report changes nothing."""
+    if not is_chain(graph):
+        raise ValueError("the graph is not a chain: some node does not read exactly the node before it")
     return ChainProgram(graph)
 
 
