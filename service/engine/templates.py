@@ -545,14 +545,13 @@ def _check_size(t: Template, size: TemplateSize, max_nodes: int) -> None:
 
 
 def expand_template(t: Template, *, max_nodes: int | None = None) -> Graph:
-    """The node-by-node graph (schema ``sigprop.graph/v1``) of a template.
+    """The node-by-node graph (schema ``sigprop.graph/v1``) of a template: ``expand_template_nodes``
+    validated as one graph, so the two expansions are one.
 
     Raises ``SigpropError("invalid_request", ...)`` for an unknown template, a parameter that does
     not apply to the template, a missing required parameter or an unsupported value (the hint
     lists what is allowed), and ``SigpropError("graph_too_large", ...)`` when the expansion would
     exceed ``max_nodes`` nodes (default: :func:`node_limit`) or ``MAX_TEMPLATE_EDGES`` edges.
-
-    Defined through :func:`expand_template_nodes`, validated as a whole graph: one expansion.
     """
     nodes = expand_template_nodes(t, max_nodes=max_nodes)
     try:
