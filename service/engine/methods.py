@@ -1,9 +1,9 @@
 """The methods a request can name, one registry entry each: its targets and its answer builder.
 
-Each builder turns a prepared request (canonical, anonymized graph), its compiled subnetwork
-program and its structure report into a ``Solution``; ``engine.solve`` looks the method up in
-``METHODS``. Every achieved value in an answer is recomputed from the returned parameters, not
-echoed from the targets.
+Each builder turns a prepared request (canonical, anonymized graph), its network program (every
+network-level quantity, ``program.NetworkProgram``) and its structure report into a
+``Solution``; ``engine.solve`` looks the method up in ``METHODS``. Every achieved value in an
+answer is recomputed from the returned parameters, not echoed from the targets.
 """
 
 from __future__ import annotations
