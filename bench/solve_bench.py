@@ -93,20 +93,19 @@ def condition_error(case: Case, params: dict) -> float:
     quadrature (checked against scipy.integrate.quad to 1e-10 in the tests), so the two
     implementations' answers are judged by the same yardstick."""
     from sigprop.engine.activations import get_activation
+    from sigprop.engine.program import compile_program
     from sigprop.engine.qc_maps import local_stats
-    from sigprop.engine.subnetworks import compile_subnetworks
-    from sigprop.engine.tat import max_c_value
 
     prep = prepare(
         SolveRequest.model_validate(
             {"graph": case.graph, "method": case.method, "activation": case.activation, "targets": case.targets}
         )
     )
-    program = compile_subnetworks(prep.graph)
+    program = compile_program(prep.graph)
     if case.activation == "leaky_relu":
         a = params["negative_slope"]
         return max(
-            abs(max_c_value(program, a) - case.targets["eta"]),
+            abs(program.max_c0(a) - case.targets["eta"]),
             abs(params["output_scale"] - np.sqrt(2.0 / (1.0 + a * a))),
         )
     st = local_stats(
@@ -118,10 +117,10 @@ def condition_error(case: Case, params: dict) -> float:
     )
     errs = [abs(st.q_1 - 1.0), abs(st.q_slope_1 - 1.0)]
     if case.method == "tat":
-        kappa = program.maximize(0.0, lambda y, _s: 1.0 + y)
+        kappa = program.curvature_multiplier()
         errs += [abs(st.c_slope_1 - 1.0), abs(kappa * st.c_curv_1 - case.targets["tau"])]
     else:
-        slope = program.maximize(1.0, lambda y, _s: st.c_slope_1 * y)
+        slope = program.max_slope(st.c_slope_1)
         errs += [abs(st.c_0), abs(slope - case.targets["zeta"])]
     return float(max(errs))
 

@@ -161,9 +161,9 @@ def test_template_nodes_build_the_expanded_graph(kw):
         assert a.__dict__ == b.__dict__
     x, y = G.build_graph(expand_template_nodes(t), "relu"), G.build_graph(full, "relu")
     assert x.nodes == y.nodes and x.warnings == y.warnings
-    # the chain flag (build_graph's shortcut) is set exactly for graphs of one path
+    # the sequential flag (build_graph's shortcut) is set exactly for graphs of one path
     reads_previous = all(b.inputs == [a.id] for a, b in zip(full.nodes, full.nodes[1:], strict=False))
-    assert expand_template_nodes(t).chain == reads_previous
+    assert expand_template_nodes(t).sequential == reads_previous
     assert reads_previous or kw["template"] not in ("mlp", "cnn")  # (a ResNet without shortcuts is one too)
     with pytest.raises(SigpropError) as fast_error:  # templates leave fn to the request
         G.build_graph(expand_template_nodes(t), None)

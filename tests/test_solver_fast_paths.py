@@ -5,8 +5,9 @@
 - the early-stopped Hermite series against the full 96-term series;
 - the bracketed Newton iteration with complex-step derivatives (``roots``) against Brent's method
   on the same functions, for TAT's negative slope and DKS's per-layer slope;
-- a chain's program (running value, lazily built groups, one real pass with forward derivatives
-  for TReLU) against the general analysis of the same graph and the complex step;
+- the chain implementation of the network program (running value, one real pass with forward
+  derivatives for TReLU, closed forms) against the general one on the same graph and the complex
+  step (``tests/test_program_contract.py`` compares whole answers);
 - the closed-form TReLU statistics, the two-buffer chain map and the cumulative-product Hermite
   series evaluation against quadrature, the per-layer map and Horner's rule.
 """
@@ -20,11 +21,11 @@ import scipy.optimize as sp_opt
 from sigprop.engine import deep_kernel_shaping, qc_maps, tat
 from sigprop.engine.activation_jets import JETS
 from sigprop.engine.activations import get_activation
+from sigprop.engine.program import chain_program, compile_program, general_program
 from sigprop.engine.qc_maps import HermiteCMap, _z_kinks, moment_rule
 from sigprop.engine.quadrature import SERIES_RULE, gaussian_rule
 from sigprop.engine.roots import complex_step, newton_bracketed
 from sigprop.engine.solve import prepare, solve
-from sigprop.engine.subnetworks import compile_subnetworks
 from sigprop.schemas.solve import SolveRequest
 
 X = np.concatenate(
@@ -142,7 +143,7 @@ def _program(graph):
     req = SolveRequest.model_validate(
         {"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.5}}
     )
-    return compile_subnetworks(prepare(req).graph)
+    return compile_program(prepare(req).graph)
 
 
 @pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: f"{g['template']}-{g['depth']}")
@@ -177,70 +178,83 @@ def test_dks_local_slope_matches_brent(graph):
     ids=lambda g: f"{g['template']}-{g['depth']}",
 )
 def test_chain_program_is_what_the_general_analysis_finds(graph):
-    from sigprop.engine import subnetworks
-
     g = prepare(
         SolveRequest.model_validate({"graph": graph, "method": "tat", "activation": "tanh", "targets": {"tau": 0.3}})
     ).graph
     assert all(len(nd.inputs) <= 1 for nd in g.nodes)
-    slots = {fn: i for i, fn in enumerate(g.activation_fns())}
-    chain, general = subnetworks.compile_subnetworks(g), subnetworks._general_program(g, slots)
-    assert chain.chain and not general.chain
-    assert callable(chain.group_source)  # not built until something asks for them
+    chain, general = chain_program(g), general_program(g)
+    assert type(compile_program(g)) is type(chain) is not type(general)
     assert (chain.regions, chain.depth) == (general.regions, general.depth) == (g.n - 1, g.depth())
-    assert (chain.groups, chain.output, chain.user_ids) == (general.groups, general.output, general.user_ids)
+    assert (chain.output, chain.user_ids) == (general.output, general.user_ids)
     # the running-value pass gives what the node-table pass gives, for scalars, complex steps and arrays
     r = lambda y, _slot: 0.3 + 0.6 * y + 0.1 * y * y  # noqa: E731
     for x in (0.0, complex(0.5, 1e-30), np.linspace(-1.0, 1.0, 7)):
-        np.testing.assert_array_equal(
-            np.asarray(chain.endpoint_values(x, r)), np.asarray(general.endpoint_values(x, r))
-        )
         np.testing.assert_array_equal(chain.global_map(x, r), general.global_map(x, r))
         np.testing.assert_array_equal(chain.maximize(x, r), general.maximize(x, r))
+    # the chain's candidates leave out the affine layers' repeats, never a value
+    found = [complex(v) for v in general.candidate_values(complex(0.5, 1e-30), r)]
+    assert {complex(v) for v in chain.candidate_values(complex(0.5, 1e-30), r)} == set(found)
     # a map that falls after a few layers: a subnetwork short of the whole network attains the max
     for bump in (lambda y, _slot: 0.5 + 0.4 * y, lambda y, _slot: 0.9 - y * y):
         assert chain.argmax(0.0, bump) == general.argmax(0.0, bump)
         assert chain.maximize(0.0, bump) == general.maximize(0.0, bump)
     # DKS's slope function in closed form on a chain (s^L) against the general pass
-    for slope in (1.0, 1.004, 1.3, 2.0):
-        assert deep_kernel_shaping.max_slope(chain, slope) == pytest.approx(
-            deep_kernel_shaping.max_slope(general, slope), rel=1e-13
-        )
-    for slope, curv in ((1.004, 0.02), (1.0, 0.3), ([1.2, 1.0], [0.0, 0.5])):
+    for slope in (1.0, 1.004, 1.3, 2.0, 0.9):
+        assert chain.max_slope(slope) == pytest.approx(general.max_slope(slope), rel=1e-13)
         np.testing.assert_allclose(
-            deep_kernel_shaping.max_slope_and_curvature(chain, slope, curv),
-            deep_kernel_shaping.max_slope_and_curvature(general, slope, curv),
-            rtol=1e-13,
+            chain.max_slope_and_derivative(slope), general.max_slope_and_derivative(slope), rtol=1e-12
+        )
+    for slope, curv in ((1.004, 0.02), (1.0, 0.3), ([1.2, 1.0], [0.0, 0.5]), (0.9, 0.1), (1.1, -0.2)):
+        np.testing.assert_allclose(
+            chain.max_slope_and_curvature(slope, curv), general.max_slope_and_curvature(slope, curv), rtol=1e-13
         )
     for zeta in (1.0001, 1.5, 1e6):
         assert deep_kernel_shaping.local_slope_target(chain, zeta) == pytest.approx(
             deep_kernel_shaping.local_slope_target(general, zeta), rel=2e-16
         )
+    assert chain.curvature_multiplier() == general.curvature_multiplier() == g.depth()
+    # the maximizer notes: the chain's shortcuts where its maps never lower their input, and the
+    # general argmax where they can (a slope below 1 shrinks, a negative curvature falls)
+    for slopes, curvs in (([1.0], [0.2]), ([1.3], [0.0]), ([0.9], [-0.1])):
+        assert chain.slope_maximizer(slopes) == general.slope_maximizer(slopes)
+        assert chain.curvature_maximizer(curvs) == general.curvature_maximizer(curvs)
+    for a in (0.0, 0.5, 1.0):
+        assert chain.c0_maximizer(a) == general.c0_maximizer(a) == "the whole network"
     if chain.depth > 1:  # 0 -> 0.9 -> 0.09 -> ..: the first activation's subnetwork is the largest
         assert chain.argmax(0.0, lambda y, _slot: 0.9 - y * y) == f"from the input to {chain.user_ids[2]!r}"
+        assert chain.slope_maximizer([0.9]) == f"from the input to {chain.user_ids[1]!r}"
+    with pytest.raises(ValueError, match="not a chain"):
+        chain_program(
+            prepare(
+                SolveRequest.model_validate(
+                    {"graph": {"template": "resnet", "depth": 18}, "method": "eoc", "activation": "tanh"}
+                )
+            ).graph
+        )
 
 
 @pytest.mark.parametrize("depth", [1, 3, 100, 1000])
 def test_chain_trelu_pass_matches_the_general_pass(depth):
-    """tat._chain_mu0's value and forward derivative against the general program's pass over the
-    same chain, with the complex step."""
-    from sigprop.engine import subnetworks
-
+    """The chain's mu_f^0 (one real pass with forward derivatives) against the general program's
+    pass over the same chain, with the complex step."""
     g = prepare(
         SolveRequest.model_validate(
             {"graph": {"template": "mlp", "depth": depth}, "method": "tat", "activation": "leaky_relu"}
         )
     ).graph
-    general = subnetworks._general_program(g, {"leaky_relu": 0})
-    chain = compile_subnetworks(g)
+    general, chain = general_program(g), chain_program(g)
     for a in (0.0, 0.2, 0.57, 0.95, 1.0):
-        v, d = tat._chain_mu0(len(chain.chain_slots), a)
-        ref_v, ref_d = complex_step(lambda z: tat._mu0_complex(general, z), a)
+        v, d = chain.max_c0_and_derivative(a)
+        ref_v, ref_d = general.max_c0_and_derivative(a)
         assert v == pytest.approx(ref_v, rel=0, abs=4e-16)
         # a Newton slope: the two round differently once c is near 1 (ReLU, a thousand layers)
         assert d == pytest.approx(ref_d, rel=1e-9 if depth > 100 else 1e-12, abs=1e-15)
         assert tat.max_c_value(chain, a) == v
         assert tat.max_c_value(general, a) == pytest.approx(v, rel=0, abs=4e-16)
+    # the complex step through the general pass is the derivative (against a central difference)
+    h = 1e-6
+    fd = (general.max_c0(0.5 + h) - general.max_c0(0.5 - h)) / (2 * h)
+    assert general.max_c0_and_derivative(0.5)[1] == pytest.approx(fd, rel=1e-7)
 
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 1.0])
@@ -311,7 +325,7 @@ def test_repeated_points_are_evaluated_once(monkeypatch):
     monkeypatch.setattr(transform, "_conditions", lambda *a: calls.append(a[-1].tobytes()) or real(*a))
     sol = transform.solve_transform(get_activation("swish"), c_slope_1=1.5 ** (1 / 100), c_0=0.0)
     assert all(a != b for a, b in zip(calls, calls[1:], strict=False))  # no point twice in a row
-    monkeypatch.setattr(transform._LastPoint, "__call__", lambda self, p: real(self.act, self.c_0, self.targets, p))
+    monkeypatch.setattr(transform.LastPoint, "__call__", lambda self, p: real(self.act, self.c_0, self.targets, p))
     assert transform.solve_transform(get_activation("swish"), c_slope_1=1.5 ** (1 / 100), c_0=0.0) == sol
 
 
@@ -339,11 +353,9 @@ def test_unaligned_rule_is_the_general_rule_without_kinks(scale):
 
 
 def test_chain_slope_power_overflows_to_inf_as_the_pass_does():
-    from sigprop.engine import subnetworks
-
     request = {"graph": {"template": "mlp", "depth": 2000}, "method": "dks", "activation": "tanh"}
     g = prepare(SolveRequest.model_validate({**request, "targets": {"zeta": 1.5}})).graph
-    chain, general = compile_subnetworks(g), subnetworks._general_program(g, {"tanh": 0})
+    chain, general = chain_program(g), general_program(g)
     assert deep_kernel_shaping.max_slope(chain, 2.0) == deep_kernel_shaping.max_slope(general, 2.0) == np.inf
     assert deep_kernel_shaping.local_slope_target(chain, 1.5) == pytest.approx(1.5 ** (1 / 2000), rel=1e-15)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from sigprop.engine.graph import ACT, CONCAT, SOURCE, SUM, build_graph
-from sigprop.engine.subnetworks import compile_subnetworks
+from sigprop.engine.program import compile_program
 from sigprop.engine.tat import curvature_multiplier
 from sigprop.engine.templates import expand_template
 from sigprop.schemas import Template
@@ -96,7 +96,7 @@ def _kappa_by_reading(template: dict) -> tuple[float, float]:
 def test_densenet_maxima_under_both_readings(template):
     sese, literal = _kappa_by_reading(template)
     graph = build_graph(expand_template(Template(**template)), default_activation="softplus")
-    engine = curvature_multiplier(compile_subnetworks(graph))
+    engine = curvature_multiplier(compile_program(graph))
     assert engine == pytest.approx(sese, rel=1e-12)  # the engine implements the single-entry single-exit reading
     assert literal > sese * 1.01  # the literal reading counts partial dense blocks too
     print(f"{template}: single-entry single-exit {sese:.4f}, literal {literal:.4f} (+{literal / sese - 1:.1%})")
@@ -113,7 +113,7 @@ def test_densenet_maxima_under_both_readings(template):
 def test_readings_agree_where_every_region_is_single_exit(template):
     sese, literal = _kappa_by_reading(template)
     graph = build_graph(expand_template(Template(**template)), default_activation="softplus")
-    assert curvature_multiplier(compile_subnetworks(graph)) == pytest.approx(sese, rel=1e-12)
+    assert curvature_multiplier(compile_program(graph)) == pytest.approx(sese, rel=1e-12)
     assert literal == pytest.approx(sese, rel=1e-12)
 
 

@@ -204,16 +204,16 @@ def _compute_untransformed(request: dict, answer: dict, grid: list[float]) -> li
     import numpy as np
 
     from ..engine.activations import get_activation
+    from ..engine.program import compile_program
     from ..engine.qc_maps import HermiteCMap
     from ..engine.solve import prepare
-    from ..engine.subnetworks import compile_subnetworks
     from ..requests import parse_solve_request
     from ..schemas.structure import structure_report
 
     prep = prepare(parse_solve_request(request))
     table = HermiteCMap(get_activation(answer["activation"]))
     # the same composition as the answer's: sums of shared atoms mix over atoms
-    program = compile_subnetworks(prep.graph, structure_report(prep.graph.nodes))
+    program = compile_program(prep.graph, structure_report(prep.graph.nodes))
     return program.global_map(np.asarray(grid, dtype=float), lambda c, _slot: table(c)).tolist()
 
 

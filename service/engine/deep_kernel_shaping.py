@@ -9,35 +9,23 @@ Q(1) = 1, Q'(1) = 1 (or the optional per-layer target ``local_q_slope``, dks's
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import SigpropError
 from .activations import Activation
-from .roots import complex_step, newton_bracketed
-from .subnetworks import SubnetworkProgram
+from .program import NetworkProgram
+from .roots import newton_bracketed
 from .transform import TransformSolution, solve_transform
 
 
-def max_slope(program: SubnetworkProgram, local_slope: float) -> float:
+def max_slope(program: NetworkProgram, local_slope: float) -> float:
     """mu_f^1: the maximal C'_g(1) over subnetworks g when every layer has C'(1) = local_slope."""
-    if program.chain and local_slope >= 1.0:
-        # a chain's subnetworks run from its input: their slopes are the powers s^l, l <= L
-        return _power(local_slope, len(program.chain_slots))
-    return float(program.maximize(1.0, lambda y, _slot: local_slope * y))
+    return program.max_slope(local_slope)
 
 
-def _power(x: float, n: int) -> float:
-    """x^n, or inf past the largest float (as the pass's products overflow)."""
-    try:
-        return float(x**n)
-    except OverflowError:
-        return math.inf
-
-
-def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
+def local_slope_target(program: NetworkProgram, zeta: float) -> float:
     if not zeta > 1.0:
         raise SigpropError(
             "invalid_target",
@@ -65,18 +53,12 @@ def local_slope_target(program: SubnetworkProgram, zeta: float) -> float:
         )
     # mu_f^1(1) = 1 < zeta; from zeta^(1/depth), exact for a chain, Newton needs a few passes
     start = min(zeta ** (1.0 / max(program.depth, 1)), hi)
-    if program.chain:  # mu_f^1(s) = s^L on [1, hi]: Newton on it in closed form
-        layers = len(program.chain_slots)
-        return newton_bracketed(
-            lambda x: (_power(x, layers) - zeta, layers * _power(x, layers - 1)), 1.0, hi, start, f_lo=1.0 - zeta
-        )
-    return newton_bracketed(
-        lambda x: complex_step(lambda z: program.maximize(1.0, lambda y, _slot: z * y) - zeta, x),
-        1.0,
-        hi,
-        start,
-        f_lo=1.0 - zeta,
-    )
+
+    def residual(x: float) -> tuple[float, float]:
+        value, slope = program.max_slope_and_derivative(x)
+        return value - zeta, slope
+
+    return newton_bracketed(residual, 1.0, hi, start, f_lo=1.0 - zeta)
 
 
 @dataclass(frozen=True)
@@ -98,7 +80,7 @@ def check_local_q_slope(value: float) -> float:
     return float(value)
 
 
-def solve_dks(program: SubnetworkProgram, act: Activation, zeta: float, q_slope_1: float = 1.0) -> DKSSolution:
+def solve_dks(program: NetworkProgram, act: Activation, zeta: float, q_slope_1: float = 1.0) -> DKSSolution:
     """alpha, beta, gamma, delta with maximal C'_g(1) = zeta, C(0) = 0, Q(1) = 1 and Q'(1) = q_slope_1 (default 1)."""
     slope = local_slope_target(program, zeta)
     try:
@@ -121,32 +103,6 @@ def solve_dks(program: SubnetworkProgram, act: Activation, zeta: float, q_slope_
         raise
 
 
-def max_slope_and_curvature(program: SubnetworkProgram, local_slope, local_curv) -> np.ndarray:
-    """(max_g C'_g(1), max_g C''_g(1)) over subnetworks g, for any local C'(1) and C''(1).
-
-    The pair (C'(1), C''(1)) of a composition follows the chain rule at the fixed point 1:
-    (s y1, C''(1) y1^2 + s y2) for a layer after a subnetwork with (y1, y2); normalized sums and
-    concatenations average both linearly. With C'(1) = 1 (TAT) the second component is the B.4
-    recipe; DKS needs the general form because its layers have C'(1) = zeta^(1/L) != 1.
-    ``local_slope`` and ``local_curv`` are numbers, or one per activation function slot.
-    """
-    slopes = [float(v) for v in np.atleast_1d(local_slope)]
-    curvs = [float(v) for v in np.atleast_1d(local_curv)]
-    one_slope, one_curv = len(slopes) == 1, len(curvs) == 1
-    if program.chain and min(slopes) >= 1.0 and min(curvs) >= 0.0:
-        # every layer then raises both components (y1 >= 1, y2 >= 0): the whole chain's pair is
-        # the largest, from one pass in real arithmetic
-        y1, y2 = 1.0, 0.0
-        for slot in program.chain_slots:
-            s, k = slopes[0 if one_slope else slot], curvs[0 if one_curv else slot]
-            y1, y2 = s * y1, k * y1 * y1 + s * y2
-        return np.array([y1, y2])
-
-    # the pair (y1, y2) travels as the complex number y1 + i y2: sums and concatenations are real
-    # linear maps, which act on both parts alike, and a layer is s y + i k y1^2 (no array per node)
-    def layer(y, slot):
-        s, k = slopes[0 if one_slope else slot], curvs[0 if one_curv else slot]
-        return s * y + 1j * (k * y.real * y.real)
-
-    found = [complex(v) for v in program.candidate_values(complex(1.0, 0.0), layer)]
-    return np.array([max(v.real for v in found), max(v.imag for v in found)])
+def max_slope_and_curvature(program: NetworkProgram, local_slope, local_curv) -> np.ndarray:
+    """(max_g C'_g(1), max_g C''_g(1)) over subnetworks g (``NetworkProgram.max_slope_and_curvature``)."""
+    return program.max_slope_and_curvature(local_slope, local_curv)

@@ -224,8 +224,8 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
     arity and inputs (in listing order), cycles, then each live node's shape and activation
     function in canonical order.
     """
-    if getattr(graph, "chain", False):  # a template's chain: valid and in canonical order as made
-        nodes = _template_chain_nodes(graph.ids, graph.models, default_activation)
+    if getattr(graph, "sequential", False):  # a template's sequence: valid and in canonical order as made
+        nodes = _template_sequential_nodes(graph.ids, graph.models, default_activation)
         return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=[])
     wire = graph.nodes
     by_id = {nd.id: nd for nd in wire}
@@ -380,8 +380,8 @@ def _no_function(nid: str) -> SigpropError:
     return _invalid(f"activation node '{nid}' names no function", "set 'fn' on the node or 'activation' on the request")
 
 
-def _template_chain_nodes(ids: list[str], models: list, default_activation) -> list[Node]:
-    """``_canonical_nodes`` of a template's chain (``TemplateNodes.chain``: node i reads node i - 1,
+def _template_sequential_nodes(ids: list[str], models: list, default_activation) -> list[Node]:
+    """``_canonical_nodes`` of a sequential template (``TemplateNodes.sequential``: node i reads node i - 1,
     all valid), from each node's id and the validated node its fields come from. Nodes made from
     one model share its kind and attributes (nothing mutates them), and its shape for an equal
     input shape: a few hundred nanoseconds a node, not a wire node and a canonical node."""

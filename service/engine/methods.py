@@ -1,9 +1,9 @@
 """The methods a request can name, one registry entry each: its targets and its answer builder.
 
-Each builder turns a prepared request (canonical, anonymized graph), its compiled subnetwork
-program and its structure report into a ``Solution``; ``engine.solve`` looks the method up in
-``METHODS``. Every achieved value in an answer is recomputed from the returned parameters, not
-echoed from the targets.
+Each builder turns a prepared request (canonical, anonymized graph), its network program (every
+network-level quantity, ``program.NetworkProgram``) and its structure report into a
+``Solution``; ``engine.solve`` looks the method up in ``METHODS``. Every achieved value in an
+answer is recomputed from the returned parameters, not echoed from the targets.
 """
 
 from __future__ import annotations
@@ -33,17 +33,16 @@ from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, root
 from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
+from .program import WHOLE_NETWORK, NetworkProgram
 from .qc_maps import (
     HermiteCMap,
     leaky_relu_c_map,
-    leaky_relu_c_map_scalar,
     leaky_relu_stats,
     local_stats,
     rectifier_c_map,
     rectifier_chain_map,
     rectifier_k,
 )
-from .subnetworks import SubnetworkProgram
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class MethodInput:
     request: SolveRequest
     graph: NetworkGraph
     key: str
-    program: SubnetworkProgram
+    program: NetworkProgram
     report: StructureReport
     targets: dict[str, float]
 
@@ -89,7 +88,7 @@ def check_targets(request: SolveRequest) -> dict[str, float]:
     return given
 
 
-def _summary(graph: NetworkGraph, program: SubnetworkProgram) -> GraphSummary:
+def _summary(graph: NetworkGraph, program: NetworkProgram) -> GraphSummary:
     kinds = Counter(nd.kind for nd in graph.nodes)
     return GraphSummary(
         nodes=graph.n,
@@ -146,15 +145,13 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
     out_scale = float(np.sqrt(2.0 / (1.0 + a * a)))
     st = leaky_relu_stats(a, out_scale)
     grid = _c_grid(m.request.c_map_points)
-    scalar = lambda c, _slot: leaky_relu_c_map_scalar(c, a)  # noqa: E731
     # one pass of the global map for the sample grid and c = 0 with slope a (row 0) and for the
     # untransformed ReLU (row 1): a pass costs a local map evaluation per layer, whatever its size
     rows = np.tile(np.append(grid, 0.0), (2, 1))
     ks = rectifier_k(np.array([[a], [0.0]]))
-    if program.chain:
-        both = rectifier_chain_map(rows, ks, len(program.chain_slots))
-    else:
-        both = program.global_map(rows, lambda c, _slot: rectifier_c_map(c, ks))
+    both = program.global_map(
+        rows, lambda c, _slot: rectifier_c_map(c, ks), repeat=lambda c, layers: rectifier_chain_map(c, ks, layers)
+    )
     global_at = both[0]
     return Solution(
         **m.common(),
@@ -177,8 +174,7 @@ def _tat_leaky_relu(m: MethodInput, act: Activation) -> Solution:
         ),
         jacobian=jacobian.summary(graph, act),
         layers=layer_inits(graph, m.request.init),
-        # equation 9 never decreases c, so on a chain the whole network attains mu_f^0 (tat._chain_mu0)
-        warnings=_warnings_for(graph, m.report) + ([] if program.chain else _maximizer_note(program, 0.0, scalar)),
+        warnings=_warnings_for(graph, m.report) + _maximizer_note(program.c0_maximizer(a)),
     )
 
 
@@ -476,9 +472,8 @@ def _c_map_accuracy(table: HermiteCMap) -> list[str]:
     return [f"the sampled c_map is accurate to about {table.tail:.1g} (Hermite series tail of a kinked activation)"]
 
 
-def _maximizer_note(program: SubnetworkProgram, x: float, r) -> list[str]:
-    name = program.argmax(x, r)
-    if name == "the whole network":
+def _maximizer_note(name: str) -> list[str]:
+    if name == WHOLE_NETWORK:
         return []
     return [f"the maximizing subnetwork is not the whole network: it runs {name}"]
 
@@ -546,22 +541,16 @@ def _smooth_solution(m: MethodInput, solved: list, curvature: bool, notes: list[
     warnings = _warnings_for(graph, m.report) + list(notes or [])
     for x in per:
         warnings += (_smooth_warnings(x.act) if x.has_curv else []) + _c_map_accuracy(x.table)
-    # on a chain, a local map that never lowers its input (C''(1) + y, or C'(1) y with C'(1) >= 1
-    # from y = 1) leaves the largest value to the whole network: no note, no pass
-    if not (program.chain and (curvature or all(x.st.c_slope_1 >= 1.0 for x in per))):
-        warnings += (
-            _maximizer_note(program, 0.0, lambda y, s: per[s].st.c_curv_1 + y)
-            if curvature
-            else _maximizer_note(program, 1.0, lambda y, s: per[s].st.c_slope_1 * y)
-        )
+    warnings += _maximizer_note(
+        program.curvature_maximizer([x.st.c_curv_1 for x in per])
+        if curvature
+        else program.slope_maximizer([x.st.c_slope_1 for x in per])
+    )
     shown = top or per[0]
     # one pass of the global map over the sample grid and c = 0 together (a pass costs a local map
     # evaluation per layer, whatever the number of points)
     sample = np.append(grid, 0.0)
-    if program.chain and len(per) == 1:
-        global_at = per[0].table.iterate(sample, len(program.chain_slots))
-    else:
-        global_at = program.global_map(sample, local)
+    global_at = program.global_map(sample, local, repeat=per[0].table.iterate if len(per) == 1 else None)
     return Solution(
         **m.common(),
         **(top.fields() if top else {}),

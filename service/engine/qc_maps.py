@@ -19,6 +19,7 @@ equation 9.
 
 from __future__ import annotations
 
+import cmath
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -260,6 +261,16 @@ def leaky_relu_c_map_scalar(c: float, negative_slope: float) -> float:
     c = min(1.0, max(-1.0, c))
     a = negative_slope
     return c + rectifier_k(a) * (math.sqrt(1.0 - c * c) - c * math.acos(c))
+
+
+def tailored_c_map_complex(c: complex, k: complex) -> complex:
+    """Equation 9, C(c) = c + k (sqrt(1 - c^2) - c arccos c) with k = (1 - a)^2 / (pi (1 + a^2)),
+    for complex arguments (the complex step of ``roots``); analytic for Re c in (-1, 1)."""
+    if c.real >= 1.0:
+        return complex(1.0)
+    if c.real <= -1.0:
+        return -1.0 + k * math.pi
+    return c + k * (cmath.sqrt(1.0 - c * c) - c * cmath.acos(c))
 
 
 def c_map(phi, c, q: float = 1.0, second: float | None = None):

@@ -38,9 +38,9 @@ from .transform import (
     MAX_EVALS_PER_START,
     MAX_INPUT_SCALE,
     UNSTABLE_PRODUCT,
+    LastPoint,
     TransformSolution,
     _accept,
-    _LastPoint,
     _NearLinear,
     _OutOfBudget,
     _polish,
@@ -112,7 +112,7 @@ def scan_roots(
     and accepted by the root search's rules (conditions to RESIDUAL_TOL, stable), in order of beta."""
     names = ("input_scale", "input_shift") if c_0 is not None else ("input_scale", "input_shift", "output_shift")
     deviation = c_curv_1 if c_curv_1 is not None else abs(c_slope_1 - 1.0)
-    conditions = _LastPoint(act, c_0, (q_slope_1, c_slope_1, c_curv_1))
+    conditions = LastPoint(act, c_0, (q_slope_1, c_slope_1, c_curv_1))
     near = _NearLinear(conditions, names, min(max(deviation, 1e-300), 1.0))
     values = [_branch_values(act, float(b), c_slope_1, q_slope_1, c_curv_1) for b in SCAN_SHIFTS]
     found = [dict(p) for p in known]

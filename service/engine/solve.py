@@ -23,7 +23,7 @@ from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveReque
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
 from .graph import SUM, NetworkGraph, build_graph
 from .methods import METHOD_TARGETS, METHODS, MethodInput, check_targets
-from .subnetworks import compile_subnetworks
+from .program import compile_program
 from .templates import expand_template_nodes
 
 __all__ = ["METHOD_TARGETS", "Prepared", "prepare", "relabel_text", "request_key", "solve", "solve_canonical"]
@@ -111,7 +111,7 @@ def solve_canonical(prep: Prepared) -> Solution:
     named = prep.graph if request.assumptions == "strict" else graph
     notes = check_structure([nd.user_id for nd in named.nodes], report, request.assumptions) if method.kernel else []
     answer = method.build(
-        MethodInput(request, graph, prep.key, compile_subnetworks(graph, report), report, check_targets(request))
+        MethodInput(request, graph, prep.key, compile_program(graph, report), report, check_targets(request))
     )
     if method.kernel:
         answer.warnings = notes + answer.warnings + _degenerate(request, answer)

@@ -61,7 +61,7 @@ class _Group:
 class SubnetworkProgram:
     """M_{f,r} compiled for repeated evaluation with different r (one per solver iteration)."""
 
-    # the groups, or for a chain what makes them on first use (its passes need only ``chain_slots``)
+    # the groups, or what raises when they are over the step budget (``_over_budget``)
     group_source: tuple[_Group, ...] | Callable[[], tuple[_Group, ...]]
     # the number of largest subnetworks, one per endpoint
     regions: int
@@ -69,13 +69,6 @@ class SubnetworkProgram:
     user_ids: tuple[str, ...]
     # the most nonlinear layers on a path from an input to the output (``NetworkGraph.depth``)
     depth: int
-    # a chain (``_chain_program``): one group, node k reading node k - 1, every node but the input
-    # an endpoint, so a pass is a running value with no table of node values
-    chain: bool = False
-    # a chain's activation slots in order, and whether an endpoint before the first of them (an
-    # affine layer) keeps the input's value: what a pass over a chain needs
-    chain_slots: tuple[int, ...] = ()
-    chain_keeps_input: bool = False
     # the whole network's group (groups[0]), kept apart when the other groups are over the step
     # budget: a pass over the whole network (the global map) never needs them
     whole: _Group | None = None
@@ -90,37 +83,20 @@ class SubnetworkProgram:
 
     def global_map(self, x, r: LocalMap):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
-        if self.chain:
-            for slot in self.chain_slots:
-                x = r(x, slot)
-            return x
         vals = self._run(self.whole if self.whole is not None else self.groups[0], x, r)
         return vals[self.output]
 
     def endpoint_values(self, x, r: LocalMap) -> list:
         """U_{g,r}(x) of every largest subnetwork g: what M_{f,r}(x) is the maximum of."""
-        if self.chain:
-            return self._run_chain(x, r)
         found = []
         for g in self.groups:
             vals = self._run(g, x, r)
             found.extend(vals[t] for t in g.endpoints)
         return found
 
-    def candidate_values(self, x, r: LocalMap) -> list:
-        """The values M_{f,r}(x) is the maximum of: ``endpoint_values``, with a chain's affine
-        layers, which repeat the value before them, left out (half the local map calls of an MLP)."""
-        if not self.chain:
-            return self.endpoint_values(x, r)
-        found = [x] if self.chain_keeps_input else []
-        for slot in self.chain_slots:
-            x = r(x, slot)
-            found.append(x)
-        return found
-
     def maximize(self, x, r: LocalMap):
         """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
-        found = self.candidate_values(x, r)
+        found = self.endpoint_values(x, r)
         if len(found) == 1:
             return found[0]
         # one reduction instead of a numpy call per endpoint (thousands on a ladder); the same
@@ -145,16 +121,6 @@ class SubnetworkProgram:
                         )
                     )
         return name
-
-    def _run_chain(self, x, r: LocalMap) -> list:
-        """The value after each node of a chain but its input, in order (the endpoints')."""
-        out = []
-        v = x
-        for _node, op, _ins, arg in self.groups[0].steps[1:]:
-            if op == _OP_ACT:
-                v = r(v, arg)
-            out.append(v)
-        return out
 
     @staticmethod
     def _run(group: _Group, x, r: LocalMap) -> dict:
@@ -334,16 +300,10 @@ def compile_subnetworks(graph: NetworkGraph, report: StructureReport | None = No
     walked once. Evaluating M_{f,r} then costs the sum of the groups' sizes per point.
 
     ``report`` (the graph's ``structure_report``): its shared sums compose atom by atom
-    (``_shared_steps``); without it every sum is taken as a normalized sum of uncorrelated inputs."""
+    (``_shared_steps``); without it every sum is taken as a normalized sum of uncorrelated inputs.
+
+    This is the general implementation of the network program (``program.GeneralProgram``)."""
     fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
-    if graph.nodes[0].kind == SOURCE and all(nd.inputs == (nd.index - 1,) for nd in graph.nodes[1:]):
-        return _chain_program(graph, fn_slot)
-    return _general_program(graph, fn_slot, report)
-
-
-def _general_program(
-    graph: NetworkGraph, fn_slot: dict[str, int], report: StructureReport | None = None
-) -> SubnetworkProgram:
     n = graph.n
     nodes = graph.nodes
     preds = [list(nd.inputs) for nd in nodes]
@@ -450,33 +410,3 @@ def _over_budget(nodes: int, edges: int, groups: int, budget: int) -> tuple[_Gro
         "subnetworks quadratically: use fewer nested levels, or method 'eoc' or 'geometric', which "
         "do not maximize over subnetworks",
     )
-
-
-def _chain_program(graph: NetworkGraph, fn_slot: dict[str, int]) -> SubnetworkProgram:
-    """The program of a chain (an MLP, a plain CNN: node k reads node k - 1 only, as the canonical
-    numbering lays out any graph without a two-input node), without the general analysis. Every
-    node of a chain is dominated by the one before it and post-dominated by the one after it, so
-    the largest subnetwork ending at any node runs from the input: one group, the whole network,
-    with every node an endpoint (what ``compile_subnetworks`` finds for a chain the long way; the
-    tests compare the two, and the two ways of running them)."""
-    nodes = graph.nodes
-    acts = [nd.index for nd in nodes if nd.kind == ACT]
-    slots = tuple([fn_slot[nodes[v].attrs["fn"]] for v in acts])
-    # an endpoint ahead of the first activation (the whole chain when it has none) holds the input
-    keeps_input = not acts or acts[0] != 1
-    return SubnetworkProgram(
-        partial(_chain_groups, graph, fn_slot),
-        graph.n - 1,
-        graph.output,
-        tuple([nd.user_id for nd in nodes]),
-        len(acts),  # every node of a chain is on the one path
-        chain=True,
-        chain_slots=slots,
-        chain_keeps_input=keeps_input,
-    )
-
-
-def _chain_groups(graph: NetworkGraph, fn_slot: dict[str, int]) -> tuple[_Group, ...]:
-    nodes = graph.nodes
-    steps = tuple(_step(nodes, v, fn_slot) for v in range(graph.n))
-    return (_Group(None, steps, tuple(range(1, graph.n))),)

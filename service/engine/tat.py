@@ -14,7 +14,6 @@ equation 15 gives gamma.
 
 from __future__ import annotations
 
-import cmath
 import math
 from dataclasses import dataclass
 
@@ -22,43 +21,17 @@ import numpy as np
 
 from ..errors import SigpropError
 from .activations import Activation
-from .qc_maps import leaky_relu_c_map_scalar, rectifier_k
-from .roots import complex_step, newton_bracketed
-from .subnetworks import SubnetworkProgram
+from .program import NetworkProgram
+from .roots import newton_bracketed
 from .transform import TransformSolution, solve_transform
 
 
-def max_c_value(program: SubnetworkProgram, negative_slope: float) -> float:
+def max_c_value(program: NetworkProgram, negative_slope: float) -> float:
     """mu_f^0(a): the maximal C_g(0) over subnetworks g for Leaky ReLU slope a (Appendix B.1)."""
-    if program.chain:
-        return _chain_mu0(len(program.chain_slots), negative_slope)[0]
-    return program.maximize(0.0, lambda c, _slot: leaky_relu_c_map_scalar(c, negative_slope))
+    return program.max_c0(negative_slope)
 
 
-def _chain_mu0(layers: int, a: float) -> tuple[float, float]:
-    """(mu_f^0(a), d mu_f^0 / da) of a chain of ``layers`` Leaky ReLU layers, in one real pass.
-
-    Equation 9's C(c) = c + k g(c), g(c) = sqrt(1 - c^2) - c arccos c >= 0, never decreases c, so
-    the largest C_g(0) over a chain's subnetworks is the whole chain's, C^(layers)(0). Its
-    derivative follows by forward differentiation: dC/dc = 1 - k arccos c and dC/dk = g(c), with
-    k = (1 - a)^2 / (pi (1 + a^2)) and dk/da = -2 (1 - a)(1 + a) / (pi (1 + a^2)^2). The same
-    numbers as the general pass with the complex step, a few times faster (no complex arithmetic,
-    no local map call per layer): an MLP's solve is mostly these passes."""
-    k = rectifier_k(a)
-    dk = -2.0 * (1.0 - a) * (1.0 + a) / (math.pi * (1.0 + a * a) ** 2)
-    c = dc = 0.0
-    sqrt, acos = math.sqrt, math.acos
-    for _ in range(layers):
-        t = acos(c)
-        g = sqrt(1.0 - c * c) - c * t
-        dc = (1.0 - k * t) * dc + dk * g
-        c += k * g
-        if c > 1.0:  # only by rounding: C(c) <= 1
-            c = 1.0
-    return c, dc
-
-
-def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
+def solve_tat_leaky_relu(program: NetworkProgram, eta: float) -> float:
     """Negative slope a with mu_f^0(a) = eta (Algorithm 1)."""
     if not 0.0 <= eta < 1.0:
         raise SigpropError(
@@ -81,10 +54,8 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
 
     # mu_f^0 is decreasing in a: the root of eta - mu_f^0(a) on [0, 1], with f(0) < 0 known
     def residual(a: float) -> tuple[float, float]:
-        if program.chain:
-            value, slope = _chain_mu0(len(program.chain_slots), a)
-            return eta - value, -slope
-        return complex_step(lambda z: eta - _mu0_complex(program, z), a)
+        value, slope = program.max_c0_and_derivative(a)
+        return eta - value, -slope
 
     return newton_bracketed(
         residual,
@@ -93,21 +64,6 @@ def solve_tat_leaky_relu(program: SubnetworkProgram, eta: float) -> float:
         _slope_estimate(eta, program.depth),
         f_lo=eta - reachable,
     )
-
-
-def _tailored_c_map_complex(c: complex, k: complex) -> complex:
-    """Equation 9, C(c) = c + k (sqrt(1 - c^2) - c arccos c) with k = (1 - a)^2 / (pi (1 + a^2)),
-    for complex arguments (the complex step of ``roots``); analytic for Re c in (-1, 1)."""
-    if c.real >= 1.0:
-        return complex(1.0)
-    if c.real <= -1.0:
-        return -1.0 + k * math.pi
-    return c + k * (cmath.sqrt(1.0 - c * c) - c * cmath.acos(c))
-
-
-def _mu0_complex(program: SubnetworkProgram, a: complex) -> complex:
-    k = rectifier_k(a)
-    return complex(program.maximize(0.0, lambda c, _slot: _tailored_c_map_complex(c, k)))
 
 
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(24)
@@ -135,12 +91,12 @@ class SmoothTAT:
     transform: TransformSolution
 
 
-def curvature_multiplier(program: SubnetworkProgram) -> float:
+def curvature_multiplier(program: NetworkProgram) -> float:
     """kappa with mu_f^2(C''(1)) = kappa * C''(1) (Appendix B.4 with C''(1) = 1)."""
-    return float(program.maximize(0.0, lambda y, _slot: 1.0 + y))
+    return program.curvature_multiplier()
 
 
-def solve_tat_smooth(program: SubnetworkProgram, act: Activation, tau: float) -> SmoothTAT:
+def solve_tat_smooth(program: NetworkProgram, act: Activation, tau: float) -> SmoothTAT:
     """alpha, beta, gamma, delta with maximal C''_g(1) = tau and Q(1) = Q'(1) = C'(1) = 1 (Algorithm 2)."""
     if not tau > 0.0:
         raise SigpropError(

@@ -84,24 +84,29 @@ class TemplateNodes:
 
     ``ids`` and ``models`` give each node's id and the validated node its fields come from (one
     model per builder key, see ``_Builder.engine_nodes``); ``nodes`` are the wire nodes
-    themselves, made on first use. ``chain``: every node after the first reads the node listed
+    themselves, made on first use. ``sequential``: every node after the first reads the node listed
     before it and the last is the output, as the builder made them: unique ids, one output, all
     live, listed in canonical order, so ``build_graph`` makes the canonical nodes straight from
     ``ids`` and ``models`` without the checks and the walk that establish that for a user's graph.
     """
 
-    __slots__ = ("ids", "models", "chain", "_raw", "_nodes")
+    __slots__ = ("ids", "models", "sequential", "_raw", "_nodes")
 
-    def __init__(self, raw: list, ids: list[str], models: list, chain: bool = False):
-        self._raw, self.ids, self.models, self.chain = raw, ids, models, chain
+    def __init__(self, raw: list, ids: list[str], models: list, sequential: bool = False):
+        self._raw, self.ids, self.models, self.sequential = raw, ids, models, sequential
         self._nodes: list | None = None
 
     @classmethod
-    def of(cls, nodes: list) -> TemplateNodes:
-        """Validated wire nodes as they are (the fallback that reports a schema error)."""
-        made = cls(None, [nd.id for nd in nodes], nodes)
+    def of(cls, raw: list, nodes: list) -> TemplateNodes:
+        """Validated wire nodes as they are, made from ``raw`` (the fallback that reports a schema error)."""
+        made = cls(raw, [nd.id for nd in nodes], nodes)
         made._nodes = nodes
         return made
+
+    def graph(self) -> Graph:
+        """The nodes validated as one wire graph (raises pydantic's ``ValidationError``): what
+        ``templates.expand_template`` returns, so the two expansions are one."""
+        return Graph.model_validate({"schema": GRAPH_SCHEMA, "nodes": self._raw})
 
     @property
     def nodes(self) -> list:
@@ -153,7 +158,7 @@ class _Builder:
 
     def graph(self) -> Graph:
         """The nodes as a validated graph (raises pydantic's ``ValidationError``)."""
-        return Graph.model_validate({"schema": GRAPH_SCHEMA, "nodes": self.nodes})
+        return TemplateNodes(self.nodes, [], []).graph()
 
     def engine_nodes(self) -> TemplateNodes | None:
         """``self.graph().nodes`` as the graph engine reads them, without validating every node: a
@@ -170,24 +175,24 @@ class _Builder:
             _IDS.validate_python(ids)
             models: list = []
             protos: dict[tuple, object] = {}
-            # a chain: the input alone has no key (sums and concats have none), and every keyed
+            # sequential: the input alone has no key (sums and concats have none), and every keyed
             # node (one input) reads the node before it
-            chain, last = True, None
+            sequential, last = True, None
             for node, key in zip(self.nodes, self.keys, strict=True):
                 if key is None:
                     model = _NODE.validate_python(node)
-                    chain = chain and last is None
+                    sequential = sequential and last is None
                 else:
                     model = protos.get(key)
                     if model is None:
                         model = protos[key] = _NODE.validate_python(node)
                     if node["inputs"][0] != last:
-                        chain = False
+                        sequential = False
                 last = node["id"]
                 models.append(model)
         except ValidationError:
             return None
-        return TemplateNodes(self.nodes, ids, models, chain and self.nodes[-1]["op"] == "output")
+        return TemplateNodes(self.nodes, ids, models, sequential and self.nodes[-1]["op"] == "output")
 
     def _too_small(self, nid: str) -> SigpropError:
         first = self.nodes[0]["shape"]

@@ -545,17 +545,18 @@ def _check_size(t: Template, size: TemplateSize, max_nodes: int) -> None:
 
 
 def expand_template(t: Template, *, max_nodes: int | None = None) -> Graph:
-    """The node-by-node graph (schema ``sigprop.graph/v1``) of a template.
+    """The node-by-node graph (schema ``sigprop.graph/v1``) of a template: ``expand_template_nodes``
+    validated as one graph, so the two expansions are one.
 
     Raises ``SigpropError("invalid_request", ...)`` for an unknown template, a parameter that does
     not apply to the template, a missing required parameter or an unsupported value (the hint
     lists what is allowed), and ``SigpropError("graph_too_large", ...)`` when the expansion would
     exceed ``max_nodes`` nodes (default: :func:`node_limit`) or ``MAX_TEMPLATE_EDGES`` edges.
     """
-    builder = _expand(t, max_nodes)
+    nodes = expand_template_nodes(t, max_nodes=max_nodes)
     try:
-        return builder.graph()
-    except ValidationError as exc:  # e.g. a channel count past the schema's bounds
+        return nodes.graph()
+    except ValidationError as exc:  # a check of the whole graph that no single node fails
         raise _invalid_expansion(t, exc) from None
 
 
@@ -567,7 +568,7 @@ def expand_template_nodes(t: Template, *, max_nodes: int | None = None) -> Templ
     found = builder.engine_nodes()
     if found is None:
         try:
-            return TemplateNodes.of(builder.graph().nodes)  # raises the schema's error
+            return TemplateNodes.of(builder.nodes, builder.graph().nodes)  # raises the schema's error
         except ValidationError as exc:
             raise _invalid_expansion(t, exc) from None
     return found

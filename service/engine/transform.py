@@ -107,7 +107,7 @@ def _conditions(act: Activation, c_0: float | None, targets, p) -> np.ndarray | 
     return np.array([st.q_slope_1 - q_slope_1, st.c_slope_1 - c_slope_1, st.c_curv_1 - c_curv_1])
 
 
-class _LastPoint:
+class LastPoint:
     """``_conditions`` at fixed targets, remembering the last point: scipy's root evaluates its
     start three times (a shape check, then hybrd's own start), and a polished root is evaluated
     again in the other coordinates, where it maps back to the same point. A cold DKS solve is
@@ -125,7 +125,7 @@ class _LastPoint:
         return None if self.value is None else self.value.copy()
 
 
-def _reference_residuals(conditions: _LastPoint, n: int):
+def _reference_residuals(conditions: LastPoint, n: int):
     """The conditions in the reference's own coordinates (alpha, beta[, delta]), as dks solves them."""
 
     def residuals(p):
@@ -145,7 +145,7 @@ class _NearLinear:
     with the residuals divided by t, every unknown and every residual is O(1) at the root.
     """
 
-    def __init__(self, conditions: _LastPoint, names: tuple[str, ...], scale: float):
+    def __init__(self, conditions: LastPoint, names: tuple[str, ...], scale: float):
         self.conditions, self.names, self.t = conditions, names, scale
         self.act, self.c_0 = conditions.act, conditions.c_0
         self.root_t = float(np.sqrt(scale))
@@ -200,7 +200,7 @@ def solve_transform(
     )
     targets = (q_slope_1, c_slope_1, c_curv_1)
     deviation = c_curv_1 if c_curv_1 is not None else abs(c_slope_1 - 1.0)
-    conditions = _LastPoint(act, c_0, targets)  # both searches' steps, and the last point they asked
+    conditions = LastPoint(act, c_0, targets)  # both searches' steps, and the last point they asked
     near = _NearLinear(conditions, names, min(max(deviation, 1e-300), 1.0))
     reference = _reference_residuals(conditions, len(names))
     evals = [0]
