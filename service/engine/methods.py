@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ENGINE_VERSION
+from ..version import ENGINE_VERSION
 from ..errors import SigpropError
 from ..schemas.solve import (
     METHOD_TARGETS,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ENGINE_VERSION
+from ..version import ENGINE_VERSION
 from ..schemas.graph import Template
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
