@@ -25,6 +25,7 @@ from ..solution import as_solution
 from .calibrate import calibrate_model
 from .extraction import Entry, Extraction, extract
 from .modules import NormalizedSum, TransformedActivation
+from .traced import Trace, remember, trace_of
 
 __all__ = ["apply", "ApplyReport", "ActivationChange", "LayerChange", "SumChange", "Calibration"]
 
@@ -520,7 +521,12 @@ def apply(
     ``model`` untouched (re-initializing its weights while its ReLUs and plain adds stay would give
     a network that is neither the old one nor the solved one).
 
-    ``graph`` is the graph that was solved (its sum weights are used; default: extracted again);
+    ``graph`` is the graph that was solved (its sum weights are used; default: extracted again).
+    The graph ``graph_from_module(model, ...)`` returned carries its trace, which is reused while
+    ``model`` is made of the same modules (and ``example_input``, if given, has the traced shape):
+    ``model`` is then not traced again (``sigprop.client.torch.traced``). The model returned keeps
+    its own trace, with the solved graph's ids, for :func:`diagnose`.
+
     ``example_input`` is needed for shape propagation (default: a random batch of the graph's input
     shape). Given, it also calibrates (``calibrate=True``, the default) the ops whose effect on q
     the answer cannot predict (``sigprop.client.calibration``): max pooling, average pooling of
@@ -542,11 +548,16 @@ def apply(
     sol = as_solution(solution)
     target = copy.deepcopy(model)
     measure_on = example_input if calibrate else None
-    if example_input is None:
-        if graph is None:
-            raise ValueError("apply needs example_input or the graph the answer was solved for")
-        example_input = _example_from_graph(dict(graph), target)
-    ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
+    kept = trace_of(graph, model, example_input)  # graph_from_module's trace of this model, if it still fits
+    if kept is not None:
+        ext = kept.bind(target)  # the copy has the model's paths: the same extraction, not traced again
+    else:
+        if example_input is None:
+            if graph is None:
+                raise ValueError("apply needs example_input or the graph the answer was solved for")
+            example_input = _example_from_graph(dict(graph), target)
+        ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
+    traced_names = {n.name for n in ext.gm.graph.nodes}
     report = ApplyReport(model=ext.gm, method=sol.method, activation=sol.activation, residual=residual)
     report.warnings.extend(f"not applied: {w}" for w in ext.warnings)
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
@@ -569,10 +580,48 @@ def apply(
     gm.recompile()
     gm.train(model.training)
     gm.sigprop_calibrations = list(report.calibrations)
+    applied = _applied_extraction(rw, traced_names)
+    input_shape = kept.input_shape if kept is not None else tuple(example_input.shape[1:])
     if inplace:
         if rw.out_of_place:
             _refuse_in_place(rw)
         _commit_in_place(model, target, rw)
         model.sigprop_calibrations = list(report.calibrations)
         report.model = model
+    remember(report.model, Trace.of(applied, report.model, input_shape))
     return report
+
+
+def _applied_extraction(rw: _Rewrite, traced_names: set[str]) -> Extraction:
+    """The extraction of the rewritten network, for ``diagnose``: the solved graph's ids on the
+    nodes that now compute them, each keyed by the fx node whose value the network reads (after
+    any multiplier apply inserted: a calibration's, a geometric alpha), sums with the weights they
+    now compute (a residual-beta sum is no normalized sum: outside the graph, as a new trace sees it)."""
+    entries, value, nodes = {}, {}, []
+    sums = {c.id: c for c in rw.report.sums}
+    wire = {nd["id"]: nd for nd in rw.ext.graph["nodes"]}
+    for e in rw.ext.entries.values():
+        node = rw.resolve(e.node)
+        read = node
+        while len(read.users) == 1:  # through the multipliers apply inserted after it
+            (user,) = read.users
+            if user.name in traced_names or user.target is not operator.mul:
+                break
+            read = user
+        ins = [node.args[0]] if e.op == "output" else [rw.resolve(a) for a in e.inputs]
+        module = rw.gm.get_submodule(node.target) if node.op == "call_module" else e.module
+        nd, op, unsupported = {k: v for k, v in wire[e.gid].items() if k != "fn"}, e.op, e.unsupported
+        if e.gid in sums and sums[e.gid].residual_beta is not None:
+            op, unsupported, ins = (
+                "identity",
+                "a residual-beta sum x + beta/sqrt(L) F(x) is not a normalized sum",
+                ins[:1],
+            )
+            nd = {"id": e.gid, "op": op, "inputs": nd["inputs"][:1]}
+        elif e.gid in sums:
+            nd["weights"] = list(sums[e.gid].weights)
+        nodes.append(nd)
+        entries[read] = Entry(node, e.gid, op, ins, e.attrs, e.desc, module, e.fn, e.fn_params, unsupported)
+        value[read] = e.gid
+    graph = {**rw.ext.graph, "nodes": nodes}
+    return Extraction(rw.gm, graph, entries, value, list(rw.ext.warnings), set(rw.ext.traced_modules))

@@ -404,6 +404,10 @@ def graph_from_module(
     naming the nodes, as ``POST /v1/solve`` would; ``assumptions="warn"`` returns the graph with a
     warning instead (send the same ``assumptions`` with the solve). ``normalization_free(model,
     preactivation=True)`` rewrites torchvision-style ResNets into the covered pre-activation layout.
+
+    The dict returned is a :class:`~sigprop.client.torch.traced.TracedGraph`: it also keeps this
+    trace, which ``apply(model, sol, graph=graph)`` reuses instead of tracing ``model`` again
+    (while ``model`` is made of the same modules); its copies and pickles are plain dicts.
     """
     if assumptions not in ("strict", "warn"):
         raise ValueError("assumptions must be 'strict' or 'warn'")
@@ -420,4 +424,6 @@ def graph_from_module(
     ids, report = wire_structure(Graph.model_validate(graph))
     for note in check_structure(ids, report, assumptions):
         warnings.warn(note, stacklevel=2)
-    return graph
+    from .traced import Trace, TracedGraph  # traced builds on this module's Extraction
+
+    return TracedGraph(graph, Trace.of(ext, model, example_input.shape[1:]), model)
