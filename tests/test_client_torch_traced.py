@@ -120,3 +120,24 @@ def test_the_traced_graph_is_a_plain_graph_on_the_wire():
     assert json.loads(json.dumps(graph)) == graph
     for c in (copy.copy(graph), copy.deepcopy(graph), pickle.loads(pickle.dumps(graph))):
         assert type(c) is dict and c == graph
+
+
+def test_diagnose_reads_a_calibrated_node_where_the_network_reads_it():
+    """A calibration multiplier apply inserted after a max pool (no layer can take its factor):
+    with apply's trace the pool's row is what the next layer reads (brought to q = 1) and the rows
+    after it keep their predictions; a new trace of the rewritten model sees the multiplier as an op
+    outside the graph, which leaves every later row unpredicted."""
+    from .test_client_calibration import PooledShortcut, _tat
+
+    torch.manual_seed(0)
+    model, x = PooledShortcut(), torch.randn(32, 32, 8, 8)
+    graph = graph_from_module(model, x[:2])
+    sol = _tat(graph, 0.2)
+    report = apply(model, sol, graph=graph, example_input=x, seed=0)
+    assert next(c for c in report.calibrations if c.id == "pool").where == "multiplier"
+    rows = {r.id: r for r in diagnose(report.model, sol, x[:16], input_c=0.5).layers}
+    assert rows["pool"].q_empirical == pytest.approx(1.0, abs=0.1)
+    assert rows["fc"].q_predicted is not None
+    fresh = diagnose(copy.deepcopy(report.model), sol, x[:16], input_c=0.5)
+    assert {r.id: r for r in fresh.layers}["fc"].q_predicted is None
+    assert any("'mul'" in w and "outside the graph" in w for w in fresh.warnings)

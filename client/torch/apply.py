@@ -25,7 +25,7 @@ from ..solution import as_solution
 from .calibrate import calibrate_model
 from .extraction import Entry, Extraction, extract
 from .modules import NormalizedSum, TransformedActivation
-from .traced import Trace, remember, trace_of
+from .traced import Trace, applied_extraction, remember, trace_of
 
 __all__ = ["apply", "ApplyReport", "ActivationChange", "LayerChange", "SumChange", "Calibration"]
 
@@ -580,7 +580,8 @@ def apply(
     gm.recompile()
     gm.train(model.training)
     gm.sigprop_calibrations = list(report.calibrations)
-    applied = _applied_extraction(rw, traced_names)
+    sums = {c.id: (list(c.weights), c.residual_beta is not None) for c in report.sums}
+    applied = applied_extraction(ext, rw.resolve, sums, traced_names)
     input_shape = kept.input_shape if kept is not None else tuple(example_input.shape[1:])
     if inplace:
         if rw.out_of_place:
@@ -590,38 +591,3 @@ def apply(
         report.model = model
     remember(report.model, Trace.of(applied, report.model, input_shape))
     return report
-
-
-def _applied_extraction(rw: _Rewrite, traced_names: set[str]) -> Extraction:
-    """The extraction of the rewritten network, for ``diagnose``: the solved graph's ids on the
-    nodes that now compute them, each keyed by the fx node whose value the network reads (after
-    any multiplier apply inserted: a calibration's, a geometric alpha), sums with the weights they
-    now compute (a residual-beta sum is no normalized sum: outside the graph, as a new trace sees it)."""
-    entries, value, nodes = {}, {}, []
-    sums = {c.id: c for c in rw.report.sums}
-    wire = {nd["id"]: nd for nd in rw.ext.graph["nodes"]}
-    for e in rw.ext.entries.values():
-        node = rw.resolve(e.node)
-        read = node
-        while len(read.users) == 1:  # through the multipliers apply inserted after it
-            (user,) = read.users
-            if user.name in traced_names or user.target is not operator.mul:
-                break
-            read = user
-        ins = [node.args[0]] if e.op == "output" else [rw.resolve(a) for a in e.inputs]
-        module = rw.gm.get_submodule(node.target) if node.op == "call_module" else e.module
-        nd, op, unsupported = {k: v for k, v in wire[e.gid].items() if k != "fn"}, e.op, e.unsupported
-        if e.gid in sums and sums[e.gid].residual_beta is not None:
-            op, unsupported, ins = (
-                "identity",
-                "a residual-beta sum x + beta/sqrt(L) F(x) is not a normalized sum",
-                ins[:1],
-            )
-            nd = {"id": e.gid, "op": op, "inputs": nd["inputs"][:1]}
-        elif e.gid in sums:
-            nd["weights"] = list(sums[e.gid].weights)
-        nodes.append(nd)
-        entries[read] = Entry(node, e.gid, op, ins, e.attrs, e.desc, module, e.fn, e.fn_params, unsupported)
-        value[read] = e.gid
-    graph = {**rw.ext.graph, "nodes": nodes}
-    return Extraction(rw.gm, graph, entries, value, list(rw.ext.warnings), set(rw.ext.traced_modules))

@@ -28,7 +28,9 @@ traced again: pass ``graph=None`` or a plain dict).
 from __future__ import annotations
 
 import copy
+import operator
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +39,7 @@ from torch import nn
 
 from .extraction import Entry, Extraction
 
-__all__ = ["Trace", "TracedGraph", "trace_of", "remember", "recall"]
+__all__ = ["Trace", "TracedGraph", "trace_of", "remember", "recall", "applied_extraction"]
 
 
 @dataclass(frozen=True)
@@ -190,3 +192,38 @@ def trace_of(graph, model: nn.Module, example_input: torch.Tensor | None) -> Tra
     """The trace a graph passed to ``apply`` carries of ``model``, or None (a plain dict, another
     model, a model changed since)."""
     return graph.trace_for(model, example_input) if isinstance(graph, TracedGraph) else None
+
+
+def applied_extraction(ext: Extraction, resolve: Callable, sums: dict, traced_names: set[str]) -> Extraction:
+    """The extraction of the network ``apply`` rewrote from ``ext`` (``resolve``: an erased fx node
+    -> its replacement; ``sums``: sum id -> (the weights it now computes, whether it is a
+    residual-beta sum); ``traced_names``: the fx nodes of the trace), for ``diagnose``: the solved
+    graph's ids on the nodes that now compute them, each keyed by the fx node whose value the
+    network reads (after any multiplier apply inserted: a calibration's, a geometric alpha), sums
+    with their new weights (a residual-beta sum is no normalized sum: outside the graph, as a new
+    trace sees it)."""
+    entries, value, nodes = {}, {}, []
+    wire = {nd["id"]: nd for nd in ext.graph["nodes"]}
+    for e in ext.entries.values():
+        node = resolve(e.node)
+        read = node
+        while len(read.users) == 1:  # through the multipliers apply inserted after it
+            (user,) = read.users
+            if user.name in traced_names or user.target is not operator.mul:
+                break
+            read = user
+        ins = [node.args[0]] if e.op == "output" else [resolve(a) for a in e.inputs]
+        module = ext.gm.get_submodule(node.target) if node.op == "call_module" else e.module
+        nd, op, unsupported = {k: v for k, v in wire[e.gid].items() if k != "fn"}, e.op, e.unsupported
+        weights, beta = sums.get(e.gid, (None, False))
+        if beta:
+            op, ins = "identity", ins[:1]
+            unsupported = "a residual-beta sum x + beta/sqrt(L) F(x) is not a normalized sum"
+            nd = {"id": e.gid, "op": op, "inputs": nd["inputs"][:1]}
+        elif weights is not None:
+            nd["weights"] = weights
+        nodes.append(nd)
+        entries[read] = Entry(node, e.gid, op, ins, e.attrs, e.desc, module, e.fn, e.fn_params, unsupported)
+        value[read] = e.gid
+    graph = {**ext.graph, "nodes": nodes}
+    return Extraction(ext.gm, graph, entries, value, list(ext.warnings), set(ext.traced_modules))
