@@ -121,3 +121,23 @@ def test_the_cycle_finder_finds_a_planted_cycle_and_the_graph_sees_late_imports(
 def test_the_package_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _outside(graph: dict[str, set[str]], layer: str, allowed: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(module, import) pairs of ``layer``'s modules importing something outside ``allowed``."""
+
+    def within(name: str, roots: tuple[str, ...]) -> bool:
+        return any(name == r or name.startswith(r + ".") for r in roots)
+
+    return sorted((m, d) for m, deps in graph.items() if within(m, (layer,)) for d in deps if not within(d, allowed))
+
+
+def test_imports_follow_the_layers():
+    """schemas <- engine <- service; the client depends on schemas only (docs/architecture.md), and
+    the request parser validates with the wire's names, not the engine's."""
+    graph = import_graph()
+    assert _outside(graph, "sigprop.schemas", ("sigprop.schemas",)) == []
+    assert _outside(graph, "sigprop.client", ("sigprop.client", "sigprop.schemas", "sigprop.version")) == []
+    higher = ("api", "dashboard", "worker", "storage", "client", "requests", "answers", "cli", "inprocess")
+    assert not [(m, d) for m, d in _outside(graph, "sigprop.engine", ()) if d.split(".")[1] in higher]
+    assert not [d for d in graph["sigprop.requests"] if d.startswith("sigprop.engine")]

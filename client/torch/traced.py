@@ -5,7 +5,7 @@ Tracing (``torch.fx``), shape propagation and the op-by-op classification are th
 fragile part of every client call, and each call used to redo them. A :class:`Trace` keeps their
 result without holding the model: the fx graph (a copy no module owns), and each graph node's
 entry by fx node *name* and module *path*. :meth:`Trace.bind` turns it back into an
-:class:`~.extraction.Extraction` of a given model (the model itself, or a deep copy of it, which
+:class:`Extraction` of a given model (the model itself, or a deep copy of it, which
 has the same paths) in a fraction of a trace.
 
 Where a trace is kept:
@@ -37,9 +37,35 @@ import torch
 import torch.fx
 from torch import nn
 
-from .extraction import Entry, Extraction
+__all__ = ["Entry", "Extraction", "Trace", "TracedGraph", "trace_of", "remember", "recall", "applied_extraction"]
 
-__all__ = ["Trace", "TracedGraph", "trace_of", "remember", "recall", "applied_extraction"]
+
+@dataclass
+class Entry:
+    """One graph node of a traced model: the fx node computing it and what apply needs of it."""
+
+    node: torch.fx.Node
+    gid: str
+    op: str  # contract op
+    inputs: list  # data input fx nodes, in argument order
+    attrs: dict
+    desc: str  # what the torch node is, for messages
+    module: nn.Module | None = None
+    fn: str | None = None  # activation function of the original model
+    fn_params: dict = field(default_factory=dict)
+    unsupported: str | None = None  # why, when mapped to identity under allow_unsupported
+
+
+@dataclass
+class Extraction:
+    """A traced model: its GraphModule, the graph, and which fx node is which graph node."""
+
+    gm: torch.fx.GraphModule
+    graph: dict
+    entries: dict  # fx node -> Entry
+    value: dict  # fx node -> graph id of the value it computes
+    warnings: list[str]
+    traced_modules: set  # qualified names of modules called in forward
 
 
 @dataclass(frozen=True)
