@@ -97,8 +97,8 @@ class Trace:
     signature: tuple = field(default=(), compare=False)
 
     @classmethod
-    def of(cls, ext: Extraction, model: nn.Module, input_shape, value: dict | None = None) -> Trace:
-        """The trace of ``ext`` (``model``'s extraction); ``value``: another fx node -> graph id map."""
+    def of(cls, ext: Extraction, model: nn.Module, input_shape) -> Trace:
+        """The trace of ``ext``, ``model``'s extraction for inputs of shape ``[batch, *input_shape]``."""
         nodes = [
             {k: v for k, v in nd.items() if not (k == "fn" and nd["op"] == "activation")} for nd in ext.graph["nodes"]
         ]
@@ -122,7 +122,7 @@ class Trace:
             type(ext.gm).__name__,
             {**ext.graph, "nodes": nodes},
             records,
-            {n.name: gid for n, gid in (value if value is not None else ext.value).items()},
+            {n.name: gid for n, gid in ext.value.items()},
             tuple(ext.warnings),
             frozenset(ext.traced_modules),
             tuple(int(d) for d in input_shape),
