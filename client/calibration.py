@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..schemas.graph import Graph
+from ..schemas.kernels import concat_coefficients, sum_coefficients
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 
@@ -188,9 +189,9 @@ def _target(nd: Mapping, q_ins: list[float], sol: Solution, widths: list[int]) -
         return sol.q_1 if sol.q_1 is not None else 1.0
     if nd["op"] == "sum":
         weights = nd.get("weights") or [len(q_ins) ** -0.5] * len(q_ins)
-        return sum(w * w * q for w, q in zip(weights, q_ins, strict=True))
+        return sum(f * q for f, q in zip(sum_coefficients(weights), q_ins, strict=True))
     if nd["op"] == "concat":
-        return sum(w * q for w, q in zip(widths, q_ins, strict=True)) / sum(widths)
+        return sum(f * q for f, q in zip(concat_coefficients(widths), q_ins, strict=True))
     return q_ins[0]
 
 

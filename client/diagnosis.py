@@ -33,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from ..schemas.graph import OPS, Graph
+from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 from ..schemas.structure import wire_structure
@@ -199,14 +200,14 @@ class _Predictor:
         if op == "activation":
             return self.activation(ins[0])
         if op == "sum" and nid in self.shared:
-            return _mix([(c * c, self.component(a, k)) for a, c in self.shared[nid].items()])
+            mix = self.shared[nid]
+            return _mix(list(zip(atom_coefficients(mix.values()), [self.component(a, k) for a in mix], strict=True)))
         if op == "sum":
             weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
-            return _mix([(w * w, p) for w, p in zip(weights, ins, strict=True)])
+            return _mix(list(zip(sum_coefficients(weights), ins, strict=True)))
         if op == "concat":
-            widths = [self.shapes[i][0] for i in nd["inputs"]]
-            total = sum(widths)
-            return _mix([(w / total, p) for w, p in zip(widths, ins, strict=True)])
+            widths = concat_coefficients(self.shapes[i][0] for i in nd["inputs"])
+            return _mix(list(zip(widths, ins, strict=True)))
         return ins[0]
 
     def component(self, nid: str, k: int) -> Prediction:

@@ -41,10 +41,10 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
-from .. import __version__
 from ..schemas.errors import SigpropError
 from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution, SolveRequest, Targets, TrainableOptions
+from ..version import __version__
 from .http_validations import AsyncValidationCalls, ValidationCalls
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_BASE_URL", "MAX_BACKOFF_S"]
@@ -274,6 +274,11 @@ class Client(ValidationCalls, _Base):
                     return response
                 _sleep(self._delay(attempt, response))
             attempt += 1
+
+    def _pause(self, seconds: float) -> None:
+        # the module's _sleep, looked up at each call (tests replace it); http_validations waits
+        # through this method rather than importing this module back
+        _sleep(seconds)
 
     def _json(self, method: str, path: str, **kwargs) -> Any:
         return _check(self._send(method, path, **kwargs)).json()

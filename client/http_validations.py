@@ -137,8 +137,6 @@ class ValidationCalls:
     def wait_validation(self, vid: str, timeout: float | None = 600.0, poll: float = 1.0) -> ValidationJob:
         """Read the job every ``poll`` seconds until it is finished, failed or cancelled, and return
         it; ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
-        from . import http
-
         pause = _check_wait(timeout, poll)
         deadline = None if timeout is None else _monotonic() + timeout
         while True:
@@ -147,7 +145,7 @@ class ValidationCalls:
                 return job
             if deadline is not None and _monotonic() + pause > deadline:
                 raise _timed_out(job, timeout)
-            http._sleep(pause)
+            self._pause(pause)
 
 
 class AsyncValidationCalls:

@@ -45,14 +45,7 @@ from typing import Any
 import numpy as np
 
 from sigprop.schemas import LayerInit
-from sigprop.schemas.activations import (
-    ACTIVATION_NAMES,
-    CATALOGUE,
-    GELU_TANH_K,
-    SELU_ALPHA,
-    SELU_LAMBDA,
-    canonical_name,
-)
+from sigprop.schemas.activations import CATALOGUE
 
 __all__ = [
     "ACTIVATIONS",
@@ -74,6 +67,12 @@ __all__ = [
     "input_pair",
 ]
 
+from .jax_activations import (  # noqa: E402 - after the JAX import check above
+    ACTIVATIONS,
+    _as_float_array,
+    _canonical,
+    activation_fn,
+)
 from .jax_initializers import (  # noqa: E402 - after the JAX import check above
     Initializer,
     _expected_fans,
@@ -83,113 +82,13 @@ from .jax_initializers import (  # noqa: E402 - after the JAX import check above
     scaled_uniform_orthogonal,
     zeros,
 )
+from .jax_trees import _MISSING, _get, _set  # noqa: E402 - after the JAX import check above
 from .solution import as_solution  # noqa: E402 - after the JAX import check above
 
 PathLike = str | Sequence[Any]
 
 # --------------------------------------------------------------------------- activations
-
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def _softplus(x):
-    # max(x, 0) + log1p(exp(-|x|)), the engine's formula; jnp.logaddexp computes exactly that and
-    # has the right derivative sigmoid(x) everywhere (jnp.maximum's is 1/2 at 0, jnp.abs's 0)
-    return jnp.logaddexp(x, 0.0)
-
-
-def _elu(x, alpha=1.0, scale=1.0):
-    # expm1 only ever sees x <= 0, so neither branch (nor its gradient) overflows; the inner
-    # where (not jnp.minimum, whose gradient at 0 is 1/2) gives phi'(0) = scale * alpha
-    return scale * jnp.where(x > 0, x, alpha * jnp.expm1(jnp.where(x > 0, 0.0, x)))
-
-
-def _gelu_tanh(x):
-    return x * jax.nn.sigmoid(2.0 * _SQRT_2_OVER_PI * x * (1.0 + GELU_TANH_K * x * x))
-
-
-def _bentid(x):
-    # (sqrt(x^2 + 1) - 1) / 2 + x, without cancellation near 0 (as the engine writes it)
-    return 0.5 * (x * x) / (jnp.hypot(x, 1.0) + 1.0) + x
-
-
-def _soft_threshold(x, tau):
-    return jnp.where(x > tau, x - tau, jnp.where(x < -tau, x + tau, 0.0))
-
-
-def _crelu(x, tau, m):
-    return jnp.where(x > tau, jnp.where(x - tau < m, x - tau, m), 0.0)
-
-
-def _cst(x, tau, m):
-    return jnp.where(jnp.abs(x) > tau, jnp.sign(x) * jnp.where(jnp.abs(x) - tau < m, jnp.abs(x) - tau, m), 0.0)
-
-
-# phi(x, **params) of each catalogue activation (sigprop.schemas.activations has the names, the
-# parameters and their defaults). The one-sided derivatives at the kinks follow the engine (and
-# PyTorch): jnp.where with a strict inequality, never jnp.maximum / jnp.clip (whose gradient at a
-# tie is 1/2).
-_PHI: dict[str, Callable[..., jax.Array]] = {
-    "tanh": jnp.tanh,
-    "sigmoid": jax.nn.sigmoid,
-    "softplus": _softplus,
-    "erf": jax.scipy.special.erf,
-    "atan": jnp.arctan,
-    "asinh": jnp.arcsinh,
-    "softsign": lambda x: x / (1.0 + jnp.abs(x)),
-    "bentid": _bentid,
-    "swish": lambda x: x * jax.nn.sigmoid(x),
-    "gelu": lambda x: x * jax.scipy.special.ndtr(x),
-    "gelu_tanh": _gelu_tanh,
-    "elu": lambda x, alpha: _elu(x, alpha),
-    "selu": lambda x: _elu(x, SELU_ALPHA, SELU_LAMBDA),
-    "relu": lambda x: jnp.where(x > 0, x, 0.0),
-    "leaky_relu": lambda x, negative_slope: jnp.where(x > 0, x, negative_slope * x),
-    "relu_tau": lambda x, tau: jnp.where(x > tau, x - tau, 0.0),
-    "soft_threshold": _soft_threshold,
-    "crelu": _crelu,
-    "cst": _cst,
-}
-
-#: every activation name :func:`transformed_activation` accepts (the catalogue's, aliases included)
-ACTIVATIONS: tuple[str, ...] = ACTIVATION_NAMES
-
-
-def _canonical(name: str) -> str:
-    """The catalogue's name for ``name``; ValueError for a name it does not know."""
-    key = canonical_name(name)
-    if key is None:
-        raise ValueError(f"unknown activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
-    return key
-
-
-def _as_float_array(x) -> jax.Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        x = x.astype(jnp.result_type(float))
-    return x
-
-
-def activation_fn(name: str, **params: float) -> Callable[[jax.Array], jax.Array]:
-    """The untransformed ``phi`` called ``name`` (PyTorch naming, as the engine), jax-traceable.
-
-    ``params``: the ones the catalogue lists for the activation (``negative_slope`` of
-    ``leaky_relu``, ``alpha`` of ``elu``, ``tau`` and ``m`` of the sparsifying ones), with its
-    defaults. A parameter given as None takes its default; one the activation does not take is an
-    error.
-    """
-    key = _canonical(name)
-    defaults, phi = CATALOGUE[key].defaults, _PHI[key]
-    unknown = sorted(k for k, v in params.items() if v is not None and k not in defaults)
-    if unknown:
-        raise ValueError(f"activation {name!r} takes no parameter(s) {', '.join(unknown)}")
-    p = {k: float(params[k]) if params.get(k) is not None else v for k, v in defaults.items()}
-
-    def fn(x):
-        return phi(_as_float_array(x), **p)
-
-    fn.__name__ = key
-    return fn
+# (the catalogue's phi in ``jax_activations``; re-exported here, where users import them)
 
 
 def transformed_activation(solution, name: str | None = None) -> Callable[[jax.Array], jax.Array]:
@@ -356,38 +255,6 @@ def _nothing_reasons(report: ApplyReport, n_layers: int, n_mapped: int) -> list[
     if report.unmapped_layers and n_mapped:
         reasons.append(f"answer layers the mapping does not name: {shown(report.unmapped_layers)}")
     return reasons or ["no mapped layer reached a kernel"]
-
-
-_MISSING = object()
-
-
-def _get(tree, path: tuple):
-    node = tree
-    for k in path:
-        if not isinstance(node, Mapping) or k not in node:
-            return _MISSING
-        node = node[k]
-    return node
-
-
-def _rebuild(node: Mapping, items: dict):
-    """A mapping like ``node`` (same type where it can be built from a dict) holding ``items``."""
-    if type(node) is dict:
-        return items
-    try:
-        return type(node)(items)
-    except Exception:  # noqa: BLE001 - a Mapping type that cannot be built from a dict: fall back to dict
-        return items
-
-
-def _set(tree, path: tuple, value):
-    """A new tree equal to ``tree`` with the leaf at ``path`` replaced; ``tree`` is not modified
-    (only the mappings along ``path`` are copied, everything else is shared)."""
-    if not path:
-        return value
-    items = dict(tree)
-    items[path[0]] = _set(tree[path[0]], path[1:], value)
-    return _rebuild(tree, items)
 
 
 def _resolve(tree, path: PathLike) -> tuple | None:
@@ -605,6 +472,5 @@ def apply_to_params(
     return new, report
 
 
-# Flax extraction and diagnostics live in ``jax_extraction``; imported last, since it uses the
-# activation catalogue above.
+# Flax extraction and diagnostics live in ``jax_extraction`` (re-exported here)
 from .jax_extraction import diagnose, graph_from_flax, input_pair  # noqa: E402

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..schemas.solve import Solution
 from .calibration import Calibration, Placement, answer_uncovered, calibrate, measured_nodes
-from .jax import _MISSING, _get, _set  # imported by apply_to_params, once jax.py is loaded
 from .jax_extraction import extract_flax
+from .jax_trees import _MISSING, _get, _set
 
 __all__ = ["calibrate_params"]
 

@@ -28,6 +28,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from ..schemas.errors import SigpropError
+from .jax_activations import activation_fn  # the catalogue's exact phi
 from .solution import as_solution
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
@@ -60,8 +61,6 @@ class FlaxExtraction:
 
 
 def _catalogue() -> list[tuple[str, Any, dict]]:
-    from .jax import activation_fn  # the catalogue's exact phi (imported late: jax.py re-exports us)
-
     names = ["relu", "tanh", "sigmoid", "softplus", "gelu", "gelu_tanh", "swish", "selu", "softsign", "erf", "atan"]
     return [(n, activation_fn(n), {}) for n in names + ["asinh", "bentid"]]
 
@@ -77,8 +76,6 @@ def _classify(f: np.ndarray) -> tuple[str, dict, float] | None:
         cands.append(("leaky_relu", None, {"negative_slope": a}))
         alpha = float(f[0] / (pos * math.expm1(-6.0)))  # t[0] = -6
         cands.append(("elu", None, {"alpha": alpha}))
-    from .jax import activation_fn
-
     for name, fn, params in cands:
         fn = fn or activation_fn(name, **params)
         phi = np.asarray(fn(jnp.asarray(t, jnp.float32)), np.float64)

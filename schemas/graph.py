@@ -143,12 +143,24 @@ class Graph(BaseModel):
     nodes: list[Node] = Field(min_length=1)
 
 
+# The templates and the Template fields each one takes, in the order GET /v1/templates lists them.
+# The request parser names them in its errors and the engine's expanders (engine.templates) take
+# exactly these, so both read them here rather than the parser reaching into the engine.
+TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
+    "mlp": ("depth", "width", "input_shape", "classes", "bias"),
+    "resnet": ("depth", "version", "shortcut_weight", "input_shape", "classes", "bias"),
+    "densenet": ("depth", "growth_rate", "input_shape", "classes", "bias"),
+    "cnn": ("depth", "width", "input_shape", "classes", "bias"),
+}
+TEMPLATE_NAMES: tuple[str, ...] = tuple(TEMPLATE_FIELDS)
+
+
 class Template(BaseModel):
     """A named network that expands server-side to a graph (``GET /v1/templates`` lists them)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    template: Literal["mlp", "resnet", "densenet", "cnn"]
+    template: Literal["mlp", "resnet", "densenet", "cnn"]  # TEMPLATE_NAMES (tests/test_templates.py)
     depth: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     width: PositiveInt | None = None
     input_shape: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=3)

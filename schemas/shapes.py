@@ -12,6 +12,7 @@ import math
 
 from .errors import SigpropError
 from .graph import Graph
+from .kernels import sum_coefficients
 
 __all__ = ["ARITY", "SUM_WEIGHT_TOLERANCE", "check_arity", "node_shape", "infer_shapes"]
 
@@ -102,7 +103,7 @@ def _sum(nd, in_shapes: list[Shape]) -> Shape:
     weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
     if len(weights) != n:
         raise _invalid(f"sum node '{nd.id}' has {n} inputs but {len(weights)} weights", "give one weight per input")
-    sq = sum([w * w for w in weights])
+    sq = sum(sum_coefficients(weights))  # the sum's q for inputs at q = 1
     if abs(sq - 1.0) > SUM_WEIGHT_TOLERANCE:
         norm = math.sqrt(sq) if sq > 0 else 1.0
         raise _invalid(

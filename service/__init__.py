@@ -4,11 +4,9 @@ This package root stays import-light (no numpy) so that ``sigprop.client`` works
 httpx and pydantic installed.
 """
 
-__version__ = "0.1.0"
+from .version import ENGINE_VERSION, __version__
 
-# Bumped whenever a solver's numbers may change: it is part of every cache key, so a new engine
-# never serves answers computed by an old one.
-ENGINE_VERSION = "4"
+__all__ = ["ENGINE_VERSION", "__version__", "solve"]
 
 
 def solve(*args, **kwargs):

@@ -11,7 +11,7 @@ import math
 from pydantic import ValidationError
 
 from .errors import SigpropError
-from .schemas.graph import OPS, Graph, Template
+from .schemas.graph import OPS, TEMPLATE_FIELDS, TEMPLATE_NAMES, Graph, Template
 from .schemas.solve import SolveRequest, Targets
 from .schemas.suggest import did_you_mean
 
@@ -272,16 +272,14 @@ def _template_problem(graph: dict) -> SigpropError | None:
     the first member's complaints (``graph.Graph.nodes: Field required``), which says nothing about
     the template the user wrote; this names the bad template or key and lists what is valid.
     """
-    from .engine.templates import TEMPLATE_NAMES, TEMPLATES
-
     name = graph.get("template")
-    if not isinstance(name, str) or name not in TEMPLATES:
+    if not isinstance(name, str) or name not in TEMPLATE_FIELDS:
         return SigpropError(
             "invalid_graph",
             f"graph.template: unknown template {name!r}{did_you_mean(name, TEMPLATE_NAMES)}",
             f"templates: {', '.join(TEMPLATE_NAMES)} (GET /v1/templates lists their parameters)",
         )
-    fields = TEMPLATES[name].fields
+    fields = TEMPLATE_FIELDS[name]
     # a null is "not given" for any Template field (expansion ignores it), so only other keys are unknown
     unknown = [
         k

@@ -417,6 +417,23 @@ def test_too_deep_densenet_is_graph_too_large():
     assert info.value.code == "graph_too_large"
 
 
+def test_the_template_names_and_fields_are_the_wires_and_the_engine_describes_exactly_them():
+    """The names and per-template fields live in ``schemas.graph`` (the request parser lists them in
+    its errors without importing the engine); the engine's registry and parameter descriptions
+    must name the same ones, in the same order."""
+    from typing import get_args
+
+    from sigprop.engine.templates import TEMPLATES
+    from sigprop.schemas.graph import TEMPLATE_FIELDS
+    from sigprop.schemas.graph import TEMPLATE_NAMES as WIRE_NAMES
+
+    assert TEMPLATE_NAMES is WIRE_NAMES and tuple(TEMPLATES) == WIRE_NAMES
+    assert get_args(Template.model_fields["template"].annotation) == WIRE_NAMES
+    for name, spec in TEMPLATES.items():
+        assert tuple(p["name"] for p in spec.parameters) == TEMPLATE_FIELDS[name] == spec.fields
+        assert set(TEMPLATE_FIELDS[name]) <= set(Template.model_fields)
+
+
 def test_describe_templates():
     d = describe_templates()
     json.dumps(d)

@@ -54,7 +54,9 @@ layers kept under ``allow_unsupported``, modules never called in ``forward``), a
 
 The package: ``modules`` (:class:`TransformedActivation`, :class:`NormalizedSum`, which torch
 modules compute which catalogue activation), ``ops`` (what each traced torch op is in the graph),
-``extraction`` (:func:`graph_from_module`), ``apply`` (:func:`apply` and its report), ``calibrate``
+``extraction`` (:func:`graph_from_module`), ``traced`` (the trace a session keeps: the graph
+``graph_from_module`` returns carries it to ``apply``, which keeps the rewritten model's for
+``diagnose``, so a session traces the model once), ``apply`` (:func:`apply` and its report), ``calibrate``
 (the measured ops), ``diagnose``
 (:func:`diagnose`), ``convert`` (:func:`normalization_free`).
 

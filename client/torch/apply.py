@@ -25,6 +25,7 @@ from ..solution import as_solution
 from .calibrate import calibrate_model
 from .extraction import Entry, Extraction, extract
 from .modules import NormalizedSum, TransformedActivation
+from .traced import Trace, applied_extraction, remember, trace_of
 
 __all__ = ["apply", "ApplyReport", "ActivationChange", "LayerChange", "SumChange", "Calibration"]
 
@@ -520,7 +521,12 @@ def apply(
     ``model`` untouched (re-initializing its weights while its ReLUs and plain adds stay would give
     a network that is neither the old one nor the solved one).
 
-    ``graph`` is the graph that was solved (its sum weights are used; default: extracted again);
+    ``graph`` is the graph that was solved (its sum weights are used; default: extracted again).
+    The graph ``graph_from_module(model, ...)`` returned carries its trace, which is reused while
+    ``model`` is made of the same modules (and ``example_input``, if given, has the traced shape):
+    ``model`` is then not traced again (``sigprop.client.torch.traced``). The model returned keeps
+    its own trace, with the solved graph's ids, for :func:`diagnose`.
+
     ``example_input`` is needed for shape propagation (default: a random batch of the graph's input
     shape). Given, it also calibrates (``calibrate=True``, the default) the ops whose effect on q
     the answer cannot predict (``sigprop.client.calibration``): max pooling, average pooling of
@@ -542,11 +548,16 @@ def apply(
     sol = as_solution(solution)
     target = copy.deepcopy(model)
     measure_on = example_input if calibrate else None
-    if example_input is None:
-        if graph is None:
-            raise ValueError("apply needs example_input or the graph the answer was solved for")
-        example_input = _example_from_graph(dict(graph), target)
-    ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
+    kept = trace_of(graph, model, example_input)  # graph_from_module's trace of this model, if it still fits
+    if kept is not None:
+        ext = kept.bind(target)  # the copy has the model's paths: the same extraction, not traced again
+    else:
+        if example_input is None:
+            if graph is None:
+                raise ValueError("apply needs example_input or the graph the answer was solved for")
+            example_input = _example_from_graph(dict(graph), target)
+        ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
+    traced_names = {n.name for n in ext.gm.graph.nodes}
     report = ApplyReport(model=ext.gm, method=sol.method, activation=sol.activation, residual=residual)
     report.warnings.extend(f"not applied: {w}" for w in ext.warnings)
     generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
@@ -569,10 +580,14 @@ def apply(
     gm.recompile()
     gm.train(model.training)
     gm.sigprop_calibrations = list(report.calibrations)
+    sums = {c.id: (list(c.weights), c.residual_beta is not None) for c in report.sums}
+    applied = applied_extraction(ext, rw.resolve, sums, traced_names)
+    input_shape = kept.input_shape if kept is not None else tuple(example_input.shape[1:])
     if inplace:
         if rw.out_of_place:
             _refuse_in_place(rw)
         _commit_in_place(model, target, rw)
         model.sigprop_calibrations = list(report.calibrations)
         report.model = model
+    remember(report.model, Trace.of(applied, report.model, input_shape))
     return report

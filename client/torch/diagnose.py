@@ -1,7 +1,8 @@
 """Per-layer q and c of an applied torch model, measured against what the answer predicts.
 
-:func:`diagnose` re-extracts the model (``torch.fx``), runs it once on a pair of inputs at a known
-cosine, records every graph node's output, and compares with
+:func:`diagnose` takes the extraction ``apply`` kept of the model it returned (``traced``), or
+traces the model (``torch.fx``); it runs it once on a pair of inputs at a known cosine, records
+every graph node's output, and compares with
 :func:`sigprop.client.diagnosis.predict` (the answer's maps composed along the graph).
 """
 
@@ -28,6 +29,7 @@ from ..diagnosis import (
 from ..solution import as_solution
 from .extraction import extract
 from .modules import TransformedActivation
+from .traced import recall
 
 __all__ = ["diagnose", "input_pair"]
 
@@ -153,7 +155,10 @@ def diagnose(
     """
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
-    ext = extract(model, x1, allow_unsupported=True, keep_fn=False, warn=False)
+    kept = recall(model, x1)  # what apply kept of the model it returned, with the solved graph's ids
+    ext = (
+        kept.bind(model) if kept is not None else extract(model, x1, allow_unsupported=True, keep_fn=False, warn=False)
+    )
     unmodelled = {e.gid for e in ext.entries.values() if e.unsupported}
     one_channel = x1.dim() > 2 and x1.shape[1] == 1
     predicted = predict(

@@ -2,7 +2,8 @@
 
 :func:`graph_from_module` is the public entry; :func:`extract` also keeps what ``apply`` needs to
 rewrite the traced model: the ``torch.fx.GraphModule``, which fx node became which graph node, and
-what was treated as the identity.
+what was treated as the identity (:class:`Extraction`, defined with the trace a session keeps in
+``traced``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import inspect
 import math
 import re
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 import torch.fx
@@ -24,6 +24,7 @@ from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
 from .modules import NormalizedSum, TransformedActivation
 from .ops import NotYet, Unsupported, classify, describe, sequence_module
+from .traced import Entry, Extraction, Trace, TracedGraph
 
 __all__ = ["graph_from_module", "extract", "Entry", "Extraction"]
 
@@ -38,30 +39,6 @@ class _Tracer(torch.fx.Tracer):
         if isinstance(m, (TransformedActivation, NormalizedSum)):
             return True
         return super().is_leaf_module(m, qualname)
-
-
-@dataclass
-class Entry:
-    node: torch.fx.Node
-    gid: str
-    op: str  # contract op
-    inputs: list  # data input fx nodes, in argument order
-    attrs: dict
-    desc: str  # what the torch node is, for messages
-    module: nn.Module | None = None
-    fn: str | None = None  # activation function of the original model
-    fn_params: dict = field(default_factory=dict)
-    unsupported: str | None = None  # why, when mapped to identity under allow_unsupported
-
-
-@dataclass
-class Extraction:
-    gm: torch.fx.GraphModule
-    graph: dict
-    entries: dict  # fx node -> Entry
-    value: dict  # fx node -> graph id of the value it computes
-    warnings: list[str]
-    traced_modules: set  # qualified names of modules called in forward
 
 
 def _clean_id(raw: str) -> str:
@@ -404,6 +381,10 @@ def graph_from_module(
     naming the nodes, as ``POST /v1/solve`` would; ``assumptions="warn"`` returns the graph with a
     warning instead (send the same ``assumptions`` with the solve). ``normalization_free(model,
     preactivation=True)`` rewrites torchvision-style ResNets into the covered pre-activation layout.
+
+    The dict returned is a :class:`~sigprop.client.torch.traced.TracedGraph`: it also keeps this
+    trace, which ``apply(model, sol, graph=graph)`` reuses instead of tracing ``model`` again
+    (while ``model`` is made of the same modules); its copies and pickles are plain dicts.
     """
     if assumptions not in ("strict", "warn"):
         raise ValueError("assumptions must be 'strict' or 'warn'")
@@ -420,4 +401,4 @@ def graph_from_module(
     ids, report = wire_structure(Graph.model_validate(graph))
     for note in check_structure(ids, report, assumptions):
         warnings.warn(note, stacklevel=2)
-    return graph
+    return TracedGraph(graph, Trace.of(ext, model, example_input.shape[1:]), model)

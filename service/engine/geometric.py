@@ -78,6 +78,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import SigpropError
+from ..schemas.kernels import concat_coefficients, sum_coefficients
 from .activations import Activation, get_activation
 from .graph import ACT, AFFINE, CONCAT, SOURCE, SUM, NetworkGraph, pass_sources
 from .subnetworks import _dominators
@@ -149,9 +150,9 @@ def _rules(graph: NetworkGraph, gains: dict[int, float], w2: dict[int, float]):
         elif nd.kind == ACT:
             rules.append([(gains[nd.index], gains[nd.index])])
         elif nd.kind == SUM:
-            rules.append([(w * w, w * w) for w in nd.attrs["weights"]])
+            rules.append([(f, f) for f in sum_coefficients(nd.attrs["weights"])])
         elif nd.kind == CONCAT:
-            rules.append([(x.shape[0] / nd.shape[0], 1.0) for x in ins])
+            rules.append([(f, 1.0) for f in concat_coefficients(x.shape[0] for x in ins)])
         elif nd.op in ("avg_pool", "global_avg_pool"):
             pin, pout = _positions(ins[0].shape), _positions(nd.shape)
             taps = pin if nd.op == "global_avg_pool" else nd.attrs["kernel"][0] * nd.attrs["kernel"][1]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ENGINE_VERSION
 from ..errors import SigpropError
 from ..schemas.solve import (
     METHOD_TARGETS,
@@ -29,6 +28,7 @@ from ..schemas.solve import (
     VMapSample,
 )
 from ..schemas.structure import StructureReport, dropout_notes, pooling_warnings, sum_scale_notes
+from ..version import ENGINE_VERSION
 from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, root_scan, sparse_eoc, tat
 from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings

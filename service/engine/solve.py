@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ENGINE_VERSION
 from ..schemas.graph import Template
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
+from ..version import ENGINE_VERSION
 from .graph import SUM, NetworkGraph, build_graph
 from .methods import METHOD_TARGETS, METHODS, MethodInput, check_targets
 from .program import compile_program

@@ -33,6 +33,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import SigpropError
+from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
 from ..schemas.structure import StructureReport
 from .graph import ACT, CONCAT, PASS, SOURCE, SUM, NetworkGraph
 
@@ -251,11 +252,9 @@ def _step(nodes, v: int, fn_slot: dict[str, int]) -> tuple:
     if nd.kind == ACT:
         return (v, _OP_ACT, nd.inputs[0], fn_slot[nd.attrs["fn"]])
     if nd.kind == SUM:
-        return (v, _OP_MIX, nd.inputs, tuple(w * w for w in nd.attrs["weights"]))
+        return (v, _OP_MIX, nd.inputs, sum_coefficients(nd.attrs["weights"]))
     if nd.kind == CONCAT:
-        widths = [nodes[i].width for i in nd.inputs]
-        total = float(sum(widths))
-        return (v, _OP_MIX, nd.inputs, tuple(w / total for w in widths))
+        return (v, _OP_MIX, nd.inputs, concat_coefficients(nodes[i].width for i in nd.inputs))
     return (v, _OP_PASS, nd.inputs[0], None)
 
 
@@ -280,8 +279,7 @@ def _shared_steps(nodes, members, start: int | None, report: StructureReport) ->
                     acc[a] = acc.get(a, 0.0) + scale * w * c
             exp[v] = acc
             if v in report.shared_sums:
-                total = sum(c * c for c in acc.values()) or 1.0
-                steps[v] = (v, _OP_MIX, tuple(acc), tuple(c * c / total for c in acc.values()))
+                steps[v] = (v, _OP_MIX, tuple(acc), atom_coefficients(acc.values(), normalized=True))
             if private[v]:  # closed again: an atom for what follows, its value computed just above
                 exp[v] = {v: 1.0}
         elif nd.kind == PASS:

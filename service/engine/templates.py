@@ -78,6 +78,7 @@ from pydantic import ValidationError
 
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
+from sigprop.schemas.graph import TEMPLATE_FIELDS, TEMPLATE_NAMES
 
 from .template_builder import (
     _BIAS,
@@ -492,7 +493,8 @@ class TemplateSpec:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return tuple(p["name"] for p in self.parameters)
+        # the wire's list (schemas.graph.TEMPLATE_FIELDS); its parameters describe exactly these
+        return TEMPLATE_FIELDS[self.name]
 
     def describe(self) -> dict:
         return {"name": self.name, "description": self.description, "parameters": copy.deepcopy(list(self.parameters))}
@@ -507,8 +509,6 @@ TEMPLATES: dict[str, TemplateSpec] = {
         TemplateSpec("cnn", _CNN_DESCRIPTION, _CNN_PARAMETERS, _cnn, _cnn_size),
     )
 }
-
-TEMPLATE_NAMES = tuple(TEMPLATES)
 
 
 def describe_templates() -> list[dict]:

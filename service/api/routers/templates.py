@@ -7,10 +7,10 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from ...engine.templates import TEMPLATE_NAMES, describe_templates, expand_template
+from ...engine.templates import describe_templates, expand_template
 from ...errors import SigpropError
 from ...requests import invalid_request
-from ...schemas.graph import Template
+from ...schemas.graph import TEMPLATE_NAMES, Template
 from ..deps import Run, Solutions
 from ..openapi import ERRORS
 
