@@ -25,9 +25,22 @@ import httpx
 import pytest
 
 LOOPBACK = "127.0.0.1"
-# The machine's shared Redis, with a database of its own for these tests (SIGPROP_TEST_REDIS_URL
-# picks another, so two checkouts can run their suites at once without flushing each other).
-SHARED_REDIS_URL = os.environ.get("SIGPROP_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def _test_redis_url() -> str:
+    """The machine's shared Redis, with a database of its own for these tests: db 14, or the one
+    SIGPROP_TEST_REDIS_URL names (so two checkouts can run their suites at once without flushing
+    each other). Under ``pytest -n N`` worker k takes the database k after it (mod 16: 14 and 15
+    for the suite's two workers), as every worker flushes its own."""
+    url = os.environ.get("SIGPROP_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+    base, _, db = url.rpartition("/")
+    if worker.startswith("gw") and worker[2:].isdigit() and db.isdigit():
+        url = f"{base}/{(int(db) + int(worker[2:])) % 16}"
+    return url
+
+
+SHARED_REDIS_URL = _test_redis_url()
 SERVER_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
