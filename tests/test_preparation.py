@@ -238,3 +238,66 @@ def test_admission_refuses_from_the_json_before_anything_is_built(monkeypatch, l
         preparation.prepare_data({**mlp(), "graph": graph}, limits)
     assert info.value.code == "graph_too_large" and info.value.status == 413
     assert words in info.value.message
+
+
+class LockingStore(Store):
+    """``Store`` with a real single-flight lock and a count of writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: set[str] = set()
+        self.puts = 0
+        self.health = None
+
+    def acquire(self, key, ttl_s):
+        if key in self.held:
+            return None
+        self.held.add(key)
+        return "token"
+
+    def release(self, key, token):
+        self.held.discard(key)
+
+    def put(self, rec):
+        self.puts += 1
+        super().put(rec)
+
+
+def test_a_deferred_store_write_keeps_single_flight():
+    import threading
+
+    store = LockingStore()
+    service = SolutionService(store, 100_000, 60.0, 30.0)
+    body = json.dumps(mlp(20)).encode()
+    first = service.finish(service.begin(body), defer=True)
+    assert not first.cached and first.store is not None
+    assert store.puts == 0 and store.held  # answered before the write; the lock is still held
+    second: list = []
+    waiter = threading.Thread(target=lambda: second.append(service.solve(body)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # it waits for the answer being stored rather than solving it again
+    first.store()
+    waiter.join(10)
+    assert second and second[0].cached and store.puts == 1 and not store.held
+
+
+def test_a_store_refusing_writes_is_written_before_the_answer_goes():
+    class Refusing(LockingStore):
+        def put(self, rec):
+            from sigprop.storage import StorageFull
+
+            raise StorageFull("the solution cache refuses writes (full or read-only): not stored")
+
+    class Degraded:
+        degraded = True
+
+        def listen(self, fn):
+            pass
+
+    store = Refusing()
+    store.health = Degraded()
+    service = SolutionService(store, 100_000, 60.0, 30.0)
+    outcome = service.finish(service.begin(json.dumps(mlp(20)).encode()), defer=True)
+    assert outcome.store is None and not store.held
+    assert any("not stored" in w for w in json.loads(outcome.body)["warnings"])

@@ -52,7 +52,8 @@ class Offload:
 
     async def solve(self, service: SolutionService, body: bytes, client: str | None) -> SolveOutcome:
         """``service.begin`` (a cache hit answers here) then ``service.finish`` in the cold pool,
-        both within one solve timeout; the solver process itself is killed at the deadline."""
+        both within one solve timeout; the solver process itself is killed at the deadline. A cold
+        answer's store write is left to the caller (the outcome's ``store``), to run once it is sent."""
         deadline = time.monotonic() + self.timeout_s
         # a large body seen for the first time is prepared in a solver process: wait for it among
         # the cold solves, not in the threads cache hits need
@@ -63,7 +64,7 @@ class Offload:
         # the solver pool answers solve_timeout at the deadline; the margin covers storing the answer
         left = deadline - time.monotonic()
         return await self._timed(
-            left + (1.0 if service.solver is not None else 0.0), self.cold, service.finish, step, deadline
+            left + (1.0 if service.solver is not None else 0.0), self.cold, service.finish, step, deadline, True
         )
 
     async def _timed(self, timeout_s: float, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
