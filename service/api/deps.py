@@ -55,17 +55,19 @@ class Offload:
         both within one solve timeout; the solver process itself is killed at the deadline. A cold
         answer's store write is left to the caller (the outcome's ``store``), to run once it is sent."""
         deadline = time.monotonic() + self.timeout_s
-        # a large body seen for the first time is prepared in a solver process: wait for it among
-        # the cold solves, not in the threads cache hits need
-        pool = self.cold if service.prepares_in_process(body) else self.pool
-        step = await self._timed(self.timeout_s, pool, service.begin, body, client)
+        # the solver pool answers solve_timeout at the deadline; the margin covers the rest
+        margin = 1.0 if service.solver is not None else 0.0
+        if not service.knows(body):
+            # a body never seen (or too large to hash here): most likely a cold solve, so begin and
+            # finish run in one thread among the cold solves, one hand-off fewer (each costs a
+            # scheduling delay on a busy machine); a large one is prepared in a solver process,
+            # waited for there too, never in the threads cache hits need
+            return await self._timed(self.timeout_s + margin, self.cold, service.solve, body, client, deadline, True)
+        step = await self._timed(self.timeout_s, self.pool, service.begin, body, client)
         if isinstance(step, SolveOutcome):
             return step
-        # the solver pool answers solve_timeout at the deadline; the margin covers storing the answer
         left = deadline - time.monotonic()
-        return await self._timed(
-            left + (1.0 if service.solver is not None else 0.0), self.cold, service.finish, step, deadline, True
-        )
+        return await self._timed(left + margin, self.cold, service.finish, step, deadline, True)
 
     async def _timed(self, timeout_s: float, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
         try:

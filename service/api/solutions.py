@@ -174,11 +174,18 @@ class SolutionService:
             return None
         return text
 
-    def solve(self, body: bytes, client: str | None = None, deadline: float | None = None) -> SolveOutcome:
+    def solve(
+        self, body: bytes, client: str | None = None, deadline: float | None = None, defer: bool = False
+    ) -> SolveOutcome:
         """The answer to a request body. ``client`` is who a cold solve is counted against by
-        ``limit_cold`` (None: not limited); cache hits are never counted."""
+        ``limit_cold`` (None: not limited); cache hits are never counted. ``defer``: see ``finish``."""
         step = self.begin(body, client)
-        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline)
+        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline, defer)
+
+    def knows(self, body: bytes) -> bool:
+        """Whether the memo holds this body (a cache hit is likely). Cheap enough for the event
+        loop: a body over ``_QUICK_BYTES`` is not hashed here, and counts as unknown."""
+        return len(body) <= _QUICK_BYTES and self._memo.get(hashlib.sha256(body).digest()) is not None
 
     def begin(self, body: bytes, client: str | None = None) -> SolveOutcome | ColdSolve:
         """A cache hit's answer, or what ``finish`` needs to solve the request. Admission comes
