@@ -2,15 +2,19 @@
 
 Kept free of HTTP so it reads as the product's logic. ``hot_hit`` runs on the event loop and
 answers, without I/O, a body seen before whose answer is in this process's memory
-(``storage/hot.py``, Redis only); everything else runs in a worker thread, in two steps so that a
-cold solve never holds a thread that cache hits need: ``begin`` (memo, admission,
-canonicalization, cache lookup: answers hits) and ``finish`` (single flight and the cold solve,
-which runs in a ``coldpool.SolverPool`` process that is killed at the deadline).
+(``storage/hot.py``, Redis only); everything else runs in a worker thread, in two steps:
+``begin`` (memo, admission, canonicalization, cache lookup: answers hits) and ``finish`` (single
+flight and the cold solve, which runs in a ``coldpool.SolverPool`` process that is killed at the
+deadline). A body the memo knows (likely a hit) begins in the threads hits use; a new one runs
+both steps in one of the threads that wait for cold solves (``deps.Offload.solve``).
 
-Admission comes before any work that grows with the request: the cost (nodes plus edges, from a
-template's parameters or by counting the wire graph) is checked against ``max_cost`` and the
-client's cold-solve budget is checked (without counting) before the graph is built; the body memo
-is bounded in bytes and only remembers admitted requests.
+Admission comes before any work that grows with the request (``sigprop.preparation``, against
+``limits``): the cost (nodes plus edges, from a template's parameters or by counting the wire
+graph) is checked against ``max_cost`` and the client's cold-solve budget is checked (without
+counting) before the graph is built; the body memo is bounded in bytes and only remembers admitted
+requests. A request is prepared once, here or (a large body, or a template past ``small_cost``) in
+a solver process, and the solver process that solves it receives the prepared form. A cold
+answer's store write may wait until the answer is sent (``finish(defer=True)``).
 
 A cold solve carries its exact cost (nodes plus edges of the built graph): at most ``small_cost``,
 it may take the solver pool's small lane, so large solves queued ahead never hold it up; a larger
@@ -30,7 +34,7 @@ from ..answers import personalize_json
 from ..engine.limits import Limits
 from ..engine.solve import Prepared, solve_canonical
 from ..errors import SigpropError
-from ..preparation import Admitted, admit, check_template, graph_cost, prepare_admitted, prepare_payload
+from ..preparation import Admitted, admit, check_template, prepare_admitted, prepare_payload
 from ..requests import SOLVE_HINT, load_json
 from ..schemas.graph import Template
 from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
@@ -44,7 +48,6 @@ log = logging.getLogger("sigprop")
 _POLL_S = 0.02
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
 _IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
-_TEMPLATE_BYTES = 4 << 10  # a body this small naming a template is sized from its parameters first
 _HITS = CACHE.labels("hit")  # the hot path's counter, labelled once
 CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
 
@@ -245,29 +248,6 @@ class SolutionService:
         return self.solver.call(
             prepare_payload, (payload, self.limits), self.solve_timeout_s, what="preparing the request", client=client
         )
-
-    def prepares_in_process(self, body: bytes) -> bool:
-        """Whether ``begin`` sends this body to a solver process to be parsed and prepared."""
-        return self._heavy(body) and self._memo.get(hashlib.sha256(body).digest()) is None
-
-    def _heavy(self, body: bytes) -> bool:
-        """Whether a new body is parsed and built in a solver process rather than in this one
-        (``_heavy_template``), judged from its bytes: a large body, or a few bytes naming a
-        template that expands past the small-solve cost. The caller picks the thread that waits
-        for ``begin`` from it (``deps.Offload.solve``), on the event loop: only a body of a few KB
-        is parsed for it."""
-        if self.solver is None:
-            return False
-        if len(body) > _IN_THREAD_BYTES:
-            return True
-        if len(body) > _TEMPLATE_BYTES or b'"template"' not in body:
-            return False
-        try:
-            graph = json.loads(body).get("graph")
-        except (ValueError, AttributeError, RecursionError):
-            return False  # the thread's parse says what is wrong with it
-        size = graph_cost(graph) if isinstance(graph, dict) and "template" in graph else None
-        return size is not None and size[0] + size[1] > self.small_cost
 
     def finish(self, cold: ColdSolve, deadline: float | None = None, defer: bool = False) -> SolveOutcome:
         """Solve what ``begin`` missed (single flight; killed at ``deadline``, a monotonic time).
