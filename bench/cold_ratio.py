@@ -29,6 +29,7 @@ CASES = (
     ("TAT leaky_relu mlp-100", "tat", "leaky_relu", "eta", 0.9),
 )
 _COUNTER = itertools.count(1)
+_SETTLE_S = 0.005
 
 
 def cold_request(method: str, activation: str, target: str, base: float) -> dict:
@@ -81,7 +82,9 @@ def _pairs(client: _Http, case: tuple, n: int) -> tuple[list[float], list[float]
     http_t, local_t = [], []
     for _ in range(n):
         http_t.append(client.solve(case))
+        time.sleep(_SETTLE_S)  # the server's work after the answer (its store write) is not timed in-process
         local_t.append(_inprocess(case))
+        time.sleep(_SETTLE_S)
     return http_t, local_t
 
 
