@@ -301,3 +301,27 @@ def test_a_store_refusing_writes_is_written_before_the_answer_goes():
     outcome = service.finish(service.begin(json.dumps(mlp(20)).encode()), defer=True)
     assert outcome.store is None and not store.held
     assert any("not stored" in w for w in json.loads(outcome.body)["warnings"])
+
+
+def test_a_deferred_store_write_runs_even_when_the_wait_for_its_answer_gave_up():
+    import asyncio
+    import threading
+    import time
+
+    from sigprop.api.deps import Offload
+    from sigprop.api.solutions import SolveOutcome
+
+    stored = threading.Event()
+
+    def late_answer():
+        time.sleep(0.2)
+        return SolveOutcome("{}", False, "k", stored.set)
+
+    offload = Offload(0.05)
+    try:
+        with pytest.raises(SigpropError) as info:
+            asyncio.run(offload._deferring(0.05, late_answer))
+        assert info.value.code == "solve_timeout"
+        assert stored.wait(5)  # the answer's store write (and lock release) still ran
+    finally:
+        offload.shutdown()
