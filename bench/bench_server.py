@@ -51,7 +51,8 @@ def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0)
 class Server:
     """``sigprop serve`` in its own process group, so stopping it stops its workers too."""
 
-    def __init__(self, workers: int, redis_url: str, log_path: Path):
+    def __init__(self, workers: int, redis_url: str | None, log_path: Path):
+        """``redis_url`` None: the embedded store (SQLite), in a folder beside ``log_path``."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -63,10 +64,13 @@ class Server:
         # wrk's connections all come from one address: the per-client cold-solve limit is off here
         env = {
             **os.environ,
-            "SIGPROP_REDIS_URL": redis_url,
+            "SIGPROP_REDIS_URL": redis_url or "",
             "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
             "SIGPROP_RATE_LIMIT_COLD_SOLVES": "0",
         }
+        if redis_url is None:
+            del env["SIGPROP_REDIS_URL"]
+            env["SIGPROP_DATA_DIR"] = str(log_path.parent / "store")
         exe = Path(sys.executable).with_name("sigprop")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "sigprop.cli"]
         self.proc = subprocess.Popen(

@@ -30,6 +30,11 @@ The script starts ``sigprop serve --workers 2`` on a free loopback port with
    seen never matches, so every request is parsed, validated, expanded and canonicalized (what
    the first request of each new client body costs).
 
+``--cold-ratio`` (nothing else; no wrk, no Redis): cold MLP-100 solves over HTTP (``sigprop serve``
+with the embedded store, one request at a time) against the same solves in-process
+(``sigprop.solve``), alternating, per case (TAT softplus, DKS swish, TAT leaky_relu); it prints
+the medians and their ratio (goal <= 1.5, issue 25). See ``bench/cold_ratio.py``.
+
 It parses wrk's output into a markdown table (requests/s, p50/p90/p99 latency, the workers' CPU
 time per request, errors = non-2xx responses + socket errors, the goal and PASS/MISS), prints it
 and writes it, with the environment line (including the load average) and wrk's raw output, to
@@ -69,6 +74,7 @@ from bench_server import (  # noqa: E402, F401
     free_port,
     http,
 )
+from cold_ratio import cold_ratio  # noqa: E402
 from profiling import PROFILE_CATEGORIES, categorize, profile_hits  # noqa: E402, F401
 from report import fmt_t, machine, sigprop_state, table  # noqa: E402
 from wrk import (  # noqa: E402, F401
@@ -146,6 +152,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--ratio-runs", type=int, default=2, help="alternating wrk runs of each server (hit ratio)")
     ap.add_argument("--ratio-only", action="store_true", help="only the hit ratio against the bare app")
+    ap.add_argument(
+        "--cold-ratio", action="store_true", help="only cold solves over HTTP against in-process (embedded store)"
+    )
+    ap.add_argument("--cold-rounds", type=int, default=5, help="alternating rounds per case (--cold-ratio)")
+    ap.add_argument("--cold-requests", type=int, default=20, help="requests per round and side (--cold-ratio)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "http_bench.md"))
     return ap.parse_args(argv)
 
@@ -440,8 +451,39 @@ def report(env: str, results: list[tuple], notes: list[str], profile: str, out_p
     print(f"written to {out}")
 
 
+def main_cold_ratio(args) -> int:
+    """``--cold-ratio``: ``sigprop serve`` on the embedded store, cold solves against in-process."""
+    env = (
+        f"python {platform.python_version()}; {machine()}; server: sigprop serve --workers {args.workers}, "
+        f"embedded store; {sigprop_state(ROOT)}"
+    )
+    print(env, flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="sigprop-cold-ratio-"))
+    server = None
+    try:
+        server = Server(args.workers, None, tmp / "server.log")
+        server.wait_ready()
+        text, ok = cold_ratio(server.base, args.cold_rounds, args.cold_requests)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{text}\n{'goal met' if ok else 'goal missed'}")
+    out = Path(args.out).with_name("http_cold_ratio.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# sigprop cold solves, HTTP against in-process\n\n{env}\n\n{text}")
+    print(f"written to {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.cold_ratio:
+        signal.signal(signal.SIGTERM, _terminate)
+        return main_cold_ratio(args)
     status = preflight(args)
     if status is not None:
         return status

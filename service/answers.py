@@ -9,7 +9,8 @@ text keeps the cache-hit path free of model validation unless warnings must be a
 
 from __future__ import annotations
 
-from .engine.solve import prepare, relabel_text, solve_canonical
+from .engine.limits import Limits
+from .engine.solve import Prepared, prepare, relabel_text, solve_canonical
 from .schemas.solve import Solution, SolveRequest
 
 
@@ -30,7 +31,11 @@ def personalize(canonical: Solution, ids, graph_warnings=()) -> Solution:
     return Solution.model_validate_json(personalize_json(canonical.to_json(), ids, graph_warnings))
 
 
-def solve_json(request: SolveRequest) -> str:
+def solve_json(request: SolveRequest, limits: Limits | None = None) -> str:
     """The answer as the CLI prints it and POST /v1/solve sends it (apart from "cached")."""
-    prep = prepare(request)
+    return prepared_json(prepare(request, limits))
+
+
+def prepared_json(prep: Prepared) -> str:
+    """``solve_json`` of a request prepared already (``sigprop.preparation``)."""
     return personalize_json(solve_canonical(prep).to_json(), prep.ids, prep.graph.warnings)

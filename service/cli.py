@@ -81,11 +81,12 @@ def _solve_request(args):
 def cmd_solve(args) -> int:
     """Solve offline: no server, no Redis; prints exactly the answer POST /v1/solve gives
     (``--pretty``: the same JSON, indented)."""
-    from .answers import solve_json
-    from .requests import parse_solve_request
+    from .answers import prepared_json
+    from .preparation import prepare_data
+    from .settings import offline_limits
 
     try:
-        answer = solve_json(parse_solve_request(_solve_request(args)))
+        answer = prepared_json(prepare_data(_solve_request(args), offline_limits()))
     except SigpropError as err:
         print(json.dumps(err.to_dict()), file=sys.stderr)
         return 2

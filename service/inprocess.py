@@ -41,8 +41,10 @@ def solve(
     The first takes a whole request (a dict, a ``SolveRequest`` or its JSON text); the second a
     graph with the method, activation and targets, plus the request's optional keys.
     """
-    from .answers import solve_json
-    from .requests import load_json, parse_solve_request
+    from .answers import prepared_json
+    from .preparation import prepare_data
+    from .requests import load_json
+    from .settings import offline_limits
 
     if method is None:
         if activation is not None or targets is not None:
@@ -64,4 +66,5 @@ def solve(
         )
     # a round trip through JSON text: the strict parser sees exactly what the service would
     data = json.loads(json.dumps(data, allow_nan=False))
-    return Solution.model_validate_json(solve_json(parse_solve_request(data)))
+    # the limits `sigprop solve` applies, from the same environment (settings.offline_limits)
+    return Solution.model_validate_json(prepared_json(prepare_data(data, offline_limits())))

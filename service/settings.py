@@ -6,8 +6,11 @@ import textwrap
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .engine.limits import DEFAULT_MAX_NODES, Limits
+from .errors import SigpropError
 
 # a rate limit setting with one of these values limits nothing
 RATE_LIMIT_DISABLED = ("", "0", "off", "none")
@@ -36,12 +39,14 @@ def parse_rate_limit(text: str) -> list:
 
 
 class NodeLimit(BaseSettings):
-    """The one node limit, readable without the rest of the settings: template expansion reads it
-    (``sigprop solve`` too), and a setting only the service uses must not break an offline solve."""
+    """The one node limit, readable without the rest of the settings: an offline solve
+    (``offline_limits``) reads it, and a setting only the service uses must not break it."""
 
     model_config = SettingsConfigDict(env_prefix="SIGPROP_", extra="ignore")
 
-    max_nodes: int = Field(default=100_000, ge=1, description="largest graph, counted after template expansion")
+    max_nodes: int = Field(
+        default=DEFAULT_MAX_NODES, ge=1, description="largest graph, counted after template expansion"
+    )
 
 
 class Settings(NodeLimit):
@@ -230,6 +235,10 @@ class Settings(NodeLimit):
         description="`sigprop serve` also serves /metrics (every worker's) on this port of the same address, for a scraper on a private network; 0: no such port",
     )
 
+    def limits(self) -> Limits:
+        """The limits every request to this service is admitted against (``sigprop.preparation``)."""
+        return Limits(self.max_nodes, self.max_depth, self.max_fan_in, self.max_solve_cost)
+
     @model_validator(mode="after")
     def _redis_credentials(self):
         from .redis_url import with_credentials  # a small helper module: settings stay readable
@@ -287,3 +296,17 @@ def get_settings() -> Settings:
 def get_node_limit() -> int:
     """``SIGPROP_MAX_NODES`` (``NodeLimit``), read once; raises pydantic's ValidationError when it is invalid."""
     return NodeLimit().max_nodes
+
+
+def offline_limits() -> Limits:
+    """The limits of ``sigprop solve`` and ``sigprop.solve``: the node limit from the environment
+    (``SIGPROP_MAX_NODES``), no depth, fan-in or cost budget (those protect a shared service).
+    An invalid ``SIGPROP_MAX_NODES`` is the request's error (``invalid_request``), with the fix."""
+    try:
+        return Limits(max_nodes=get_node_limit())
+    except ValidationError as exc:
+        raise SigpropError(
+            "invalid_request",
+            f"SIGPROP_MAX_NODES: {exc.errors(include_url=False)[0]['msg']}",
+            "set SIGPROP_MAX_NODES to a positive number of nodes, or unset it (100000)",
+        ) from None

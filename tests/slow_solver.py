@@ -3,7 +3,7 @@
 ``SIGPROP_TEST_SOLVER_PID_FILE``: a solve that is surely in flight when a test kills the server.
 
 The swap is a monkeypatch of the function the API process sends to its solver processes
-(``sigprop.api.solutions.solve_request``), before the command starts. The solver processes
+(``sigprop.api.solutions.solve_prepared``), before the command starts. The solver processes
 unpickle it by name from this module: the forkserver has this process's ``sys.path``."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from sigprop.api import coldpool, solutions
 SLOW_SOLVE_S = 120.0
 
 
-def slow_solve_request(data):
+def slow_solve_prepared(prep):
     path = os.environ.get("SIGPROP_TEST_SOLVER_PID_FILE")
     if path:
         with open(path, "w") as f:
             f.write(str(os.getpid()))
     time.sleep(SLOW_SOLVE_S)
-    return coldpool.solve_request(data)
+    return coldpool.solve_prepared(prep)
 
 
 if __name__ == "__main__":
-    solutions.solve_request = slow_solve_request
+    solutions.solve_prepared = slow_solve_prepared
     sys.exit(cli.main())

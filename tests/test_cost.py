@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from sigprop.api import solutions
 from sigprop.api.coldlanes import GENERAL, SMALL, Lanes
 from sigprop.api.coldpool import SolverPool, solve_request
 from sigprop.api.solutions import SolutionService, graph_size
@@ -461,11 +462,19 @@ def test_geometric_names_moments_past_a_doubles_range_instead_of_blaming_the_inp
 def test_a_small_body_naming_a_large_template_is_built_in_a_solver_process():
     # six 10,000-layer MLP templates built in the API process held another client's MLP-5 cold
     # solve for 1.1-1.4 s (GIL); sized from their parameters, they go to the solver processes
-    service = SolutionService(None, 100_000, 1.0, 1.0, solver=SolverPool(1), small_cost=2000)
+    from sigprop.preparation import prepare_payload
+
+    from .test_preparation import InThreadPool, Store
+
+    pool = InThreadPool()
+    service = SolutionService(Store(), 100_000, 1.0, 1.0, solver=pool, small_cost=2000)
     deep = json.dumps({"graph": {"template": "mlp", "depth": 10_000}, "method": "eoc", "activation": "tanh"})
-    assert service.prepares_in_process(deep.encode())
-    assert not service.prepares_in_process(json.dumps(mlp(5)).encode())
-    assert not service.prepares_in_process(b'{"graph": {"template": "nope"}, "method": "eoc"}')  # the thread says why
-    assert not service.prepares_in_process(b'[{"template"}')  # not JSON: the thread says why
-    offline = SolutionService(None, 100_000, 1.0, 1.0, small_cost=2000)
-    assert not offline.prepares_in_process(deep.encode())
+    assert isinstance(service.begin(deep.encode()), solutions.ColdSolve)
+    assert [fn for fn, _, _ in pool.calls] == [prepare_payload]
+    pool.calls.clear()
+    service.begin(json.dumps(mlp(5)).encode())
+    assert not pool.calls  # small: built here
+    for junk in (b'{"graph": {"template": "nope"}, "method": "eoc"}', b'[{"template"}'):
+        with pytest.raises(SigpropError):  # the thread says why
+            service.begin(junk)
+    assert not pool.calls

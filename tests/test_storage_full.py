@@ -206,6 +206,14 @@ def test_sqlite_refusing_writes_degrades_and_recovers(tmp_path, sqlite_limits, l
         # a deep answer (tens of KB) needs new pages, which a full file cannot give
         # A full file still rewrites a row in place (the hit's count) and may fit a small validation
         # record in a page's free space: only writes that need new pages are refused.
+        if limit == "disk full":
+            # nothing refused yet (the hit's count fits in place): the first refused write is a cold
+            # answer's, stored after it was sent (issue 25), so that answer cannot say so; the
+            # refusal is counted, and from then on answers are stored before they go, with the warning
+            before = _events(c, "refused_store")
+            first = c.post("/v1/solve", json=_req(0.32, depth=300))
+            assert first.status_code == 200 and first.json()["cached"] is False
+            assert _events(c, "refused_store") == before + 1 and c.get("/readyz").json()["storage"] == "degraded"
         _check_degraded_answers(
             c,
             _req(0.3),

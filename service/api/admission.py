@@ -6,7 +6,8 @@ engine's passes are; see ``engine.subnetworks``, ``engine.jacobian`` and ``engin
 ``bench/cost_bench.py`` for each method on graphs built to break that), so that sum is the
 estimate: counted on
 the parsed JSON for a node-by-node graph, computed exactly from a template's parameters
-(``TemplateSize``) for a template, in microseconds either way.
+(``TemplateSize``) for a template, in microseconds either way (``sigprop.preparation``, which
+admits every request); here, what the API checks before it parses a body at all.
 """
 
 from __future__ import annotations
@@ -16,64 +17,10 @@ import sys
 import threading
 from collections import OrderedDict
 
-from pydantic import ValidationError
-
-from ..engine.templates import TEMPLATES
 from ..errors import SigpropError
-from ..schemas.graph import Template
 
-COST_HINT = (
-    "split the network or use a smaller template depth, or raise SIGPROP_MAX_SOLVE_COST "
-    "(nodes + edges) on your own deployment"
-)
-
-
-def graph_cost(graph) -> tuple[int, int] | None:
-    """(nodes, edges) of a request's graph, before it is expanded or built: ``graph`` is the raw
-    JSON value or a parsed ``Template``. None when the shape is not a graph (validation says why)."""
-    if isinstance(graph, dict) and "template" in graph:
-        try:
-            graph = Template.model_validate(graph)
-        except ValidationError:
-            return None
-    if isinstance(graph, Template):
-        spec = TEMPLATES.get(graph.template)
-        size = spec.size(graph) if spec is not None else None
-        return None if size is None else (size.nodes, size.edges)
-    nodes = graph.get("nodes") if isinstance(graph, dict) else getattr(graph, "nodes", None)
-    if not isinstance(nodes, list):
-        return None
-    edges = 0
-    for nd in nodes:
-        ins = nd.get("inputs") if isinstance(nd, dict) else getattr(nd, "inputs", None)
-        edges += len(ins) if isinstance(ins, list) else 0
-    return len(nodes), edges
-
-
-def check_cost(graph, budget: int) -> None:
-    """Refuse (413 ``graph_too_large``, the hint naming SIGPROP_MAX_SOLVE_COST) a graph whose nodes
-    plus edges exceed ``budget``."""
-    cost = graph_cost(graph)
-    if cost is None:
-        return
-    nodes, edges = cost
-    if nodes + edges > budget:
-        what = (
-            f"template '{graph.template}' expands to"
-            if isinstance(graph, Template)
-            else (
-                f"template '{graph.get('template')}' expands to"
-                if isinstance(graph, dict) and "template" in graph
-                else "the graph has"
-            )
-        )
-        raise SigpropError(
-            "graph_too_large",
-            f"{what} {nodes} nodes and {edges} edges, a cost of {nodes + edges}: more than this "
-            f"service's budget of {budget} per solve",
-            COST_HINT,
-        )
-
+# the cost of a parsed request's graph and its check: one module prepares every request
+from ..preparation import COST_HINT, check_cost, graph_cost  # noqa: F401 - the admission API, re-exported
 
 _INPUTS = re.compile(rb'"inputs": ?\[([^\]]*)\]')
 

@@ -85,10 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.max_nodes,
         settings.lock_timeout_s,
         settings.solve_timeout_s,
-        max_depth=settings.max_depth,
-        max_fan_in=settings.max_fan_in,
+        limits=settings.limits(),  # nodes, depth, fan-in and cost: the one object requests are admitted against
         limit_cold=cold if cold.enabled else None,
-        max_cost=settings.max_solve_cost,
         memo_bytes=settings.memo_bytes,
         solve_timeout_s=settings.solve_timeout_s,
         solver=(

@@ -44,8 +44,17 @@ WATCHDOG_S = 0.5  # how often a solver process checks that its owner is alive
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def solve_prepared(prep) -> str:
+    """The canonical answer JSON of a request prepared already (``sigprop.preparation``), which
+    crossed the pipe in its compact pickled form (runs in a worker process)."""
+    from ..engine.solve import solve_canonical
+
+    return solve_canonical(prep).to_json()
+
+
 def solve_request(data: dict | bytes) -> str:
-    """The canonical answer JSON of a request body, parsed or not (runs in a worker process)."""
+    """The canonical answer JSON of a request body, parsed or not (runs in a worker process;
+    tests and tools: the service sends ``solve_prepared`` the request it prepared)."""
     from ..engine.solve import prepare, solve_canonical
     from ..requests import SOLVE_HINT, load_json, parse_solve_request
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -52,19 +52,34 @@ class Offload:
 
     async def solve(self, service: SolutionService, body: bytes, client: str | None) -> SolveOutcome:
         """``service.begin`` (a cache hit answers here) then ``service.finish`` in the cold pool,
-        both within one solve timeout; the solver process itself is killed at the deadline."""
+        both within one solve timeout; the solver process itself is killed at the deadline. A cold
+        answer's store write is left to the caller (the outcome's ``store``), to run once it is sent."""
         deadline = time.monotonic() + self.timeout_s
-        # a large body seen for the first time is prepared in a solver process: wait for it among
-        # the cold solves, not in the threads cache hits need
-        pool = self.cold if service.prepares_in_process(body) else self.pool
-        step = await self._timed(self.timeout_s, pool, service.begin, body, client)
+        # the solver pool answers solve_timeout at the deadline; the margin covers the rest
+        margin = 1.0 if service.solver is not None else 0.0
+        if not service.knows(body):
+            # a body never seen (or too large to hash here): most likely a cold solve, so begin and
+            # finish run in one thread among the cold solves, one hand-off fewer (each costs a
+            # scheduling delay on a busy machine); a large one is prepared in a solver process,
+            # waited for there too, never in the threads cache hits need
+            return await self._deferring(self.timeout_s + margin, service.solve, body, client, deadline, True)
+        step = await self._timed(self.timeout_s, self.pool, service.begin, body, client)
         if isinstance(step, SolveOutcome):
             return step
-        # the solver pool answers solve_timeout at the deadline; the margin covers storing the answer
         left = deadline - time.monotonic()
-        return await self._timed(
-            left + (1.0 if service.solver is not None else 0.0), self.cold, service.finish, step, deadline
-        )
+        return await self._deferring(left + margin, service.finish, step, deadline, True)
+
+    async def _deferring(self, timeout_s: float, fn: Callable, *args) -> SolveOutcome:
+        """``_timed`` in the cold pool for a call whose outcome may carry a deferred store write:
+        when the wait gives up first, the write still runs once the call ends (else its answer
+        would go unstored and its single-flight lock held until it expires)."""
+        work = self.cold.submit(fn, *args)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(work), timeout=max(timeout_s, 0.001))
+        except asyncio.TimeoutError:
+            # on the thread's future, not the loop's: it runs when the call ends, loop or not
+            work.add_done_callback(_store_orphan)
+            raise timeout_error(self.timeout_s) from None
 
     async def _timed(self, timeout_s: float, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
         try:
@@ -81,6 +96,15 @@ class Offload:
         """Wait for the work in flight (in-flight solves finish before the process exits)."""
         self.pool.shutdown(wait=True)
         self.cold.shutdown(wait=True)
+
+
+def _store_orphan(work: Future) -> None:
+    """The deferred store write of an answer nobody waited for (in the thread that computed it)."""
+    if work.cancelled() or work.exception() is not None:
+        return
+    store = getattr(work.result(), "store", None)
+    if store is not None:
+        store()
 
 
 # -- access ----------------------------------------------------------------------------------------

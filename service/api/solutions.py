@@ -2,15 +2,19 @@
 
 Kept free of HTTP so it reads as the product's logic. ``hot_hit`` runs on the event loop and
 answers, without I/O, a body seen before whose answer is in this process's memory
-(``storage/hot.py``, Redis only); everything else runs in a worker thread, in two steps so that a
-cold solve never holds a thread that cache hits need: ``begin`` (memo, admission,
-canonicalization, cache lookup: answers hits) and ``finish`` (single flight and the cold solve,
-which runs in a ``coldpool.SolverPool`` process that is killed at the deadline).
+(``storage/hot.py``, Redis only); everything else runs in a worker thread, in two steps:
+``begin`` (memo, admission, canonicalization, cache lookup: answers hits) and ``finish`` (single
+flight and the cold solve, which runs in a ``coldpool.SolverPool`` process that is killed at the
+deadline). A body the memo knows (likely a hit) begins in the threads hits use; a new one runs
+both steps in one of the threads that wait for cold solves (``deps.Offload.solve``).
 
-Admission comes before any work that grows with the request: the cost (nodes plus edges, from a
-template's parameters or by counting the wire graph) is checked against ``max_cost`` and the
-client's cold-solve budget is checked (without counting) before the graph is built; the body memo
-is bounded in bytes and only remembers admitted requests.
+Admission comes before any work that grows with the request (``sigprop.preparation``, against
+``limits``): the cost (nodes plus edges, from a template's parameters or by counting the wire
+graph) is checked against ``max_cost`` and the client's cold-solve budget is checked (without
+counting) before the graph is built; the body memo is bounded in bytes and only remembers admitted
+requests. A request is prepared once, here or (a large body, or a template past ``small_cost``) in
+a solver process, and the solver process that solves it receives the prepared form. A cold
+answer's store write may wait until the answer is sent (``finish(defer=True)``).
 
 A cold solve carries its exact cost (nodes plus edges of the built graph): at most ``small_cost``,
 it may take the solver pool's small lane, so large solves queued ahead never hold it up; a larger
@@ -26,26 +30,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from ..answers import personalize_json
-from ..engine.solve import prepare, solve_canonical
-from ..engine.templates import template_size
+from ..engine.limits import Limits
+from ..engine.solve import Prepared, solve_canonical
 from ..errors import SigpropError
-from ..requests import SOLVE_HINT, load_json, parse_solve_request
+from ..preparation import Admitted, admit, check_template, prepare_admitted, prepare_payload
+from ..requests import SOLVE_HINT, load_json
 from ..schemas.graph import Template
 from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
 from ..storage.hot import HotAnswers
 from ..storage.records import PLAIN
-from .admission import BodyMemo, check_body_cost, check_cost, graph_cost
-from .coldpool import SolverPool, solve_request, timeout_error
+from .admission import BodyMemo, check_body_cost
+from .coldpool import SolverPool, solve_prepared, timeout_error
 from .observability import CACHE, SOLVE_SECONDS, STORAGE
 
 log = logging.getLogger("sigprop")
 _POLL_S = 0.02
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
 _IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
-_TEMPLATE_BYTES = 4 << 10  # a body this small naming a template is sized from its parameters first
 _HITS = CACHE.labels("hit")  # the hot path's counter, labelled once
 CACHE_DOWN = "the solution cache is unreachable: this answer was solved without it and is not stored"
 
@@ -64,32 +66,19 @@ class ColdSolve:
     """A request ``begin`` could not answer from the cache: what ``finish`` needs to solve it."""
 
     parsed: _Parsed
-    method: str
-    activation: str
+    prep: Prepared  # the request prepared once (here or in a solver process): what the solver solves
     request_text: str  # the request as stored with its answer (compact JSON)
-    payload: dict | bytes  # what a solver process solves: the parsed body, or the body itself
-    prep: object | None  # the prepared request, when it was prepared in this process
     notes: list[str]
     client: str | None
     cost: int  # nodes + edges of the built graph: whether the solve may take the small lane
 
+    @property
+    def method(self) -> str:
+        return self.prep.request.method
 
-def prepare_body(body: bytes, limits: dict) -> tuple:
-    """``SolutionService.admit_and_prepare`` in a solver process (large bodies: their JSON parse,
-    validation and graph build would hold the API process's GIL): the parsed request, method,
-    activation and stored request text."""
-    checker = SolutionService(
-        None,
-        limits["max_nodes"],
-        1.0,
-        1.0,
-        max_depth=limits["max_depth"],
-        max_fan_in=limits["max_fan_in"],
-        max_cost=limits["max_cost"],
-    )
-    parsed, prep, data = checker.admit_and_prepare(body)
-    request_text = json.dumps(data, separators=(",", ":"))
-    return parsed, prep.request.method, prep.request.activation, request_text, graph_size(prep.graph)
+    @property
+    def activation(self) -> str:
+        return self.prep.request.activation
 
 
 @dataclass
@@ -97,6 +86,9 @@ class SolveOutcome:
     body: str | bytes  # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
     cached: bool
     key: str
+    # the cold answer's store write, left to run once the answer is sent (``finish(defer=True)``):
+    # it stores the answer and releases the single-flight lock; never raises
+    store: Callable[[], None] | None = None
 
 
 class SolutionService:
@@ -116,15 +108,15 @@ class SolutionService:
         solve_timeout_s: float | None = None,
         hot: HotAnswers | None = None,
         small_cost: int = 0,
+        limits: Limits | None = None,
     ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
         self._memo = BodyMemo(memo_bytes)
         self.cache = cache
-        self.max_nodes = max_nodes
-        self.max_depth = max_depth
-        self.max_fan_in = max_fan_in
-        self.max_cost = max_cost  # nodes + edges; None: no budget beyond the node limit
+        # every request is admitted against these (sigprop.preparation); ``limits`` (the app's,
+        # from Settings.limits) wins over the separate arguments, which offline uses and tests pass
+        self.limits = limits or Limits(max_nodes, max_depth, max_fan_in, max_cost)
         # called with the client's identity right before a cold solve; raises rate_limited (429).
         # Its ``precheck`` (when it has one) refuses a client already over budget, without counting.
         self.limit_cold = limit_cold
@@ -195,11 +187,18 @@ class SolutionService:
             return None
         return text
 
-    def solve(self, body: bytes, client: str | None = None, deadline: float | None = None) -> SolveOutcome:
+    def solve(
+        self, body: bytes, client: str | None = None, deadline: float | None = None, defer: bool = False
+    ) -> SolveOutcome:
         """The answer to a request body. ``client`` is who a cold solve is counted against by
-        ``limit_cold`` (None: not limited); cache hits are never counted."""
+        ``limit_cold`` (None: not limited); cache hits are never counted. ``defer``: see ``finish``."""
         step = self.begin(body, client)
-        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline)
+        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline, defer)
+
+    def knows(self, body: bytes) -> bool:
+        """Whether the memo holds this body (a cache hit is likely). Cheap enough for the event
+        loop: a body over ``_QUICK_BYTES`` is not hashed here, and counts as unknown."""
+        return len(body) <= _QUICK_BYTES and self._memo.get(hashlib.sha256(body).digest()) is not None
 
     def begin(self, body: bytes, client: str | None = None) -> SolveOutcome | ColdSolve:
         """A cache hit's answer, or what ``finish`` needs to solve the request. Admission comes
@@ -215,24 +214,28 @@ class SolutionService:
                 return self._hit(text, parsed, digest)
 
         precheck = getattr(self.limit_cold, "precheck", None)
-        in_process = parsed is None and self._heavy(body)
-        if in_process and precheck is not None:
+        large = parsed is None and self.solver is not None and len(body) > _IN_THREAD_BYTES
+        if large and precheck is not None:
             # a new body that costs real work to parse and build: a client already over its
             # cold-solve budget gets its 429 first (not counted). Small bodies cost milliseconds:
             # they are built, and a cache hit (same key, other bytes) still answers.
             precheck(client)
-        if self.max_cost is not None and len(body) > _QUICK_BYTES:
-            check_body_cost(body, self.max_cost, self.max_fan_in)  # lower bounds from the bytes, before parsing
-        if in_process:
-            parsed, method, activation, request_text, cost = self.solver.call(
-                prepare_body, (body, self._limits()), self.solve_timeout_s, what="preparing the request", client=client
-            )
-            prep, payload = None, body
+        if self.limits.max_cost is not None and len(body) > _QUICK_BYTES:
+            # lower bounds from the bytes, before parsing
+            check_body_cost(body, self.limits.max_cost, self.limits.max_fan_in)
+        if large:
+            prep, request_text = self._prepare_remote(body, client)
         else:
-            parsed, prep, payload = self.admit_and_prepare(body)
-            method, activation = prep.request.method, prep.request.activation
-            request_text = json.dumps(payload, separators=(",", ":"))
-            cost = graph_size(prep.graph)
+            data = load_json(body, SOLVE_HINT)
+            admitted = admit(data, self.limits)  # before validating or building the graph
+            if parsed is None and self._heavy_template(admitted):
+                if precheck is not None:
+                    precheck(client)
+                prep, request_text = self._prepare_remote(admitted, client)
+            else:
+                prep = prepare_admitted(admitted, self.limits)
+                request_text = json.dumps(data, separators=(",", ":"))
+        parsed = _Parsed(prep.key, tuple(prep.ids), tuple(prep.graph.warnings))
         self._memo.put(digest, parsed)
 
         notes = []
@@ -240,103 +243,42 @@ class SolutionService:
         if text is None:
             if not notes:
                 CACHE.labels("miss").inc()
-            return ColdSolve(parsed, method, activation, request_text, payload, prep, notes, client, cost)
+            return ColdSolve(parsed, prep, request_text, notes, client, graph_size(prep.graph))
         return self._hit(text, parsed, digest)
 
-    def prepares_in_process(self, body: bytes) -> bool:
-        """Whether ``begin`` sends this body to a solver process to be parsed and prepared."""
-        return self._heavy(body) and self._memo.get(hashlib.sha256(body).digest()) is None
+    def _heavy_template(self, admitted: Admitted) -> bool:
+        """Whether an admitted template expands past the small-solve cost: built in a solver
+        process, not here where it would hold the GIL every other request needs (six 10,000-layer
+        MLP templates built here held another client's small cold solve for over a second)."""
+        return self.solver is not None and admitted.template is not None and admitted.cost > self.small_cost
 
-    def _heavy(self, body: bytes) -> bool:
-        """Whether a new body is parsed and built in a solver process rather than in this one,
-        where it would hold the GIL every other request needs: a large body, or a few bytes naming
-        a template that expands past the small-solve cost (six 10,000-layer MLP templates built
-        here held another client's small cold solve for over a second)."""
-        if self.solver is None:
-            return False
-        if len(body) > _IN_THREAD_BYTES:
-            return True
-        if len(body) > _TEMPLATE_BYTES or b'"template"' not in body:
-            return False
-        try:
-            graph = json.loads(body).get("graph")
-        except (ValueError, AttributeError, RecursionError):
-            return False  # the thread's parse says what is wrong with it
-        size = graph_cost(graph) if isinstance(graph, dict) and "template" in graph else None
-        return size is not None and size[0] + size[1] > self.small_cost
+    def _prepare_remote(self, payload: bytes | Admitted, client: str | None) -> tuple[Prepared, str]:
+        """``preparation.prepare_payload`` in a solver process: the body crosses once, and the
+        prepared request comes back (compactly pickled) for the lookup and the solve."""
+        return self.solver.call(
+            prepare_payload, (payload, self.limits), self.solve_timeout_s, what="preparing the request", client=client
+        )
 
-    def admit_and_prepare(self, body: bytes) -> tuple:
-        """(parsed, prepared request, JSON data) of a body, refused (413) as early as its size says."""
-        data = load_json(body, SOLVE_HINT)
-        if isinstance(data, dict):
-            self._admit(data.get("graph"))  # before validating or building the graph
-        request = parse_solve_request(data)
-        self.check_size(request.graph)
-        prep = prepare(request)
-        if prep.graph.n > self.max_nodes:
-            raise _too_large(prep.graph.n, self.max_nodes)
-        depth = prep.graph.depth()
-        if depth > self.max_depth:
-            raise _too_deep(depth, self.max_depth)
-        return _Parsed(prep.key, tuple(prep.ids), tuple(prep.graph.warnings)), prep, data
-
-    def _limits(self) -> dict:
-        return {
-            "max_nodes": self.max_nodes,
-            "max_depth": self.max_depth,
-            "max_fan_in": self.max_fan_in,
-            "max_cost": self.max_cost,
-        }
-
-    def finish(self, cold: ColdSolve, deadline: float | None = None) -> SolveOutcome:
-        """Solve what ``begin`` missed (single flight; killed at ``deadline``, a monotonic time)."""
+    def finish(self, cold: ColdSolve, deadline: float | None = None, defer: bool = False) -> SolveOutcome:
+        """Solve what ``begin`` missed (single flight; killed at ``deadline``, a monotonic time).
+        ``defer``: the caller runs the outcome's ``store`` once the answer is sent (the route does,
+        as a background task), so the store write does not delay the answer."""
         if deadline is None:
             deadline = time.monotonic() + self.solve_timeout_s
-        text, cached = self._solve_once(cold, deadline)
+        text, cached, store = self._solve_once(cold, deadline, defer)
         answer = personalize_json(text, cold.parsed.ids, cold.parsed.graph_warnings + tuple(cold.notes), cached=cached)
-        return SolveOutcome(answer, cached, cold.parsed.key)
+        return SolveOutcome(answer, cached, cold.parsed.key, store)
 
-    def check_size(self, graph) -> None:
-        """Refuse a graph over the limits before any work on it: a hand-written graph's node count,
-        fan-ins and cost (nodes + edges), a template's from its parameters alone (``graph_too_large``, 413)."""
-        if isinstance(graph, Template):
-            size = template_size(graph)
-            if size is None:
-                return  # invalid parameters: the expansion says why
-            nodes, depth, fan_in = size
-            if nodes > self.max_nodes:
-                raise _too_large(nodes, self.max_nodes, f"template '{graph.template}' expands to")
-            if depth > self.max_depth:
-                raise _too_deep(depth, self.max_depth, f"template '{graph.template}' expands to")
-            if fan_in > self.max_fan_in:
-                raise _fan_in(f"a concat of template '{graph.template}'", fan_in, self.max_fan_in)
-        else:
-            if len(graph.nodes) > self.max_nodes:
-                raise _too_large(len(graph.nodes), self.max_nodes)
-            for nd in graph.nodes:
-                if nd.op in ("sum", "concat") and len(nd.inputs) > self.max_fan_in:
-                    raise _fan_in(f"{nd.op} node '{nd.id}'", len(nd.inputs), self.max_fan_in)
-        if self.max_cost is not None:
-            check_cost(graph, self.max_cost)
+    def check_size(self, graph: Template) -> None:
+        """Refuse a template over the limits from its parameters alone, before anything is built
+        (``graph_too_large``, 413): ``GET /v1/templates/{name}`` expands only what a solve may."""
+        check_template(graph, self.limits)
 
-    def _admit(self, raw_graph) -> None:
-        """``check_size`` on the raw JSON graph, before the request is validated: a template's
-        limits from its parameters, a node-by-node graph's node count and cost by counting."""
-        if isinstance(raw_graph, dict) and "template" in raw_graph:
-            try:
-                template = Template.model_validate(raw_graph)
-            except ValidationError:
-                return  # validation says why
-            self.check_size(template)
-            return
-        nodes = raw_graph.get("nodes") if isinstance(raw_graph, dict) else None
-        if isinstance(nodes, list) and len(nodes) > self.max_nodes:
-            raise _too_large(len(nodes), self.max_nodes)
-        if self.max_cost is not None:
-            check_cost(raw_graph, self.max_cost)
-
-    def _solve_once(self, cold: ColdSolve, deadline: float) -> tuple[str, bool]:
-        """Single flight: one solver per key across processes; the others read its answer."""
+    def _solve_once(self, cold: ColdSolve, deadline: float, defer: bool = False) -> tuple[str, bool, Callable | None]:
+        """Single flight: one solver per key across processes; the others read its answer. With
+        ``defer``, a store that takes writes gets the answer after it is sent (the returned
+        callable): the lock is held until then, so a request for the same key meanwhile waits for
+        the stored answer (a hit, counted as one) rather than solving it again."""
         key, notes = cold.parsed.key, cold.notes
         token = None
         if not notes:  # the cache answered the lookup, so it can hold the lock too
@@ -352,12 +294,12 @@ class SolutionService:
                     if found is not None:
                         self.cache.release(key, token)
                         CACHE.labels("hit").inc()
-                        return found, True
+                        return found, True, None
                     break
                 found = self._lookup(key, notes)
                 if found is not None:
                     CACHE.labels("hit").inc()
-                    return found, True
+                    return found, True, None
                 if time.monotonic() > wait_until:
                     break  # the other solver is stuck or slow: solve here too
                 time.sleep(_POLL_S)
@@ -367,21 +309,28 @@ class SolutionService:
             start = time.perf_counter()
             canonical = self._compute(cold, deadline)
             SOLVE_SECONDS.labels(cold.method).observe(time.perf_counter() - start)
-            if not notes:
-                try:
-                    self.cache.put(
-                        new_record(
-                            key, canonical, cold.request_text, list(cold.parsed.ids), cold.method, cold.activation
-                        )
-                    )
-                except StorageFull as exc:  # reachable but full or read-only: answered, not stored
-                    notes.append(str(exc))
-                except CacheUnavailable:
-                    notes.append(CACHE_DOWN)
-            return canonical, False
+            if notes:
+                return canonical, False, None
+            record = new_record(key, canonical, cold.request_text, list(cold.parsed.ids), cold.method, cold.activation)
+            if defer and token is not None and not self._refusing():
+                store, token = _DeferredStore(self.cache, record, token), None  # it releases the lock
+                return canonical, False, store
+            try:
+                self.cache.put(record)
+            except StorageFull as exc:  # reachable but full or read-only: answered, not stored
+                notes.append(str(exc))
+            except CacheUnavailable:
+                notes.append(CACHE_DOWN)
+            return canonical, False, None
         finally:
             if token is not None:
                 self.cache.release(key, token)
+
+    def _refusing(self) -> bool:
+        """Whether the store refused a write lately: its answers then carry the "not stored"
+        warning, which needs the write done before the answer goes."""
+        health = getattr(self.cache, "health", None)
+        return health is not None and health.degraded
 
     def _compute(self, cold: ColdSolve, deadline: float) -> str:
         """The canonical answer JSON: in a solver process killed at ``deadline``, or in this thread."""
@@ -391,8 +340,8 @@ class SolutionService:
         if left <= 0:
             raise timeout_error(self.solve_timeout_s)
         return self.solver.call(
-            solve_request,
-            (cold.payload,),
+            solve_prepared,
+            (cold.prep,),
             left,
             timeout_s=self.solve_timeout_s,
             client=cold.client,
@@ -432,30 +381,31 @@ class SolutionService:
         return {"key": key, "deleted": True}
 
 
+class _DeferredStore:
+    """A cold answer's store write and lock release, run once the answer is sent. A failed write
+    costs nothing but a recomputation later: it is logged and counted (the store's health and
+    the metrics), never raised into a response that is gone."""
+
+    def __init__(self, cache: SolutionCache, record, token):
+        self.cache, self.record, self.token = cache, record, token
+
+    def __call__(self) -> None:
+        try:
+            self.cache.put(self.record)
+        except StorageFull as exc:
+            log.warning("a cold answer was not stored: %s", exc)
+        except CacheUnavailable:
+            CACHE.labels("error").inc()
+            log.warning("a cold answer was not stored: the solution cache is unreachable")
+        except Exception:  # noqa: BLE001 - the answer is sent; the next request recomputes it
+            log.exception("storing a cold answer failed")
+        finally:
+            try:
+                self.cache.release(self.record.key, self.token)
+            except Exception:  # noqa: BLE001 - the lock expires after SIGPROP_LOCK_TIMEOUT_S
+                log.warning("could not release the single-flight lock of %s", self.record.key)
+
+
 def graph_size(graph) -> int:
     """Nodes plus edges of a built graph: the cost admission priced, now exact."""
     return graph.n + sum(len(nd.inputs) for nd in graph.nodes)
-
-
-def _too_large(n: int, limit: int, what: str = "the graph has") -> SigpropError:
-    return SigpropError(
-        "graph_too_large",
-        f"{what} {n} nodes, more than this service's limit of {limit}",
-        "split the network, use a smaller template depth, or raise SIGPROP_MAX_NODES on your own deployment",
-    )
-
-
-def _too_deep(depth: int, limit: int, what: str = "the graph has") -> SigpropError:
-    return SigpropError(
-        "graph_too_large",
-        f"{what} {depth} nonlinear layers on its longest path, more than this service's limit of {limit}",
-        "use a smaller depth, or raise SIGPROP_MAX_DEPTH on your own deployment",
-    )
-
-
-def _fan_in(what: str, n: int, limit: int) -> SigpropError:
-    return SigpropError(
-        "graph_too_large",
-        f"{what} has {n} inputs, more than this service's limit of {limit}",
-        "join the inputs in a tree of smaller sums or concats, or raise SIGPROP_MAX_FAN_IN on your own deployment",
-    )

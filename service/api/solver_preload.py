@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import gc
 
+from .. import preparation  # noqa: F401 - preparation.prepare_payload runs in the solver processes
 from ..engine.solve import prepare, solve_canonical
 from ..requests import parse_solve_request
-from . import solutions  # noqa: F401 - solutions.prepare_body runs in the solver processes
 
 _WARM_UP = (
     {"method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.1}},

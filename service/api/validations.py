@@ -134,10 +134,10 @@ def _parse(body: bytes) -> tuple[dict, ValidationRequest]:
     return data, req
 
 
-def _wire_graph(solve_request) -> dict:
+def _wire_graph(solve_request, max_nodes: int) -> dict:
     g = solve_request.graph
     if isinstance(g, Template):
-        g = expand_template(g)
+        g = expand_template(g, max_nodes=max_nodes)
     return g.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
@@ -177,11 +177,12 @@ class Validations:
             self.policy.check(req.dataset, None)
         if req.solve is not None:
             outcome = self.solutions.solve(json.dumps(data["solve"], separators=(",", ":")).encode(), client)
-            key, answer, graph = outcome.key, json.loads(outcome.body), _wire_graph(req.solve)
+            graph = _wire_graph(req.solve, self.solutions.limits.max_nodes)
+            key, answer = outcome.key, json.loads(outcome.body)
         else:
             record = self.solutions.get(req.key)  # not_found when there is no such solution
             key, answer = req.key, record["answer"]
-            graph = _wire_graph(parse_solve_request(record["request"]))
+            graph = _wire_graph(parse_solve_request(record["request"]), self.solutions.limits.max_nodes)
         if req.dataset == "synthetic":  # its input shape is the graph's, known once the solve checked it
             self.policy.check(req.dataset, graph_input_shape(graph))
         self.policy.check_fit(req.dataset, graph)  # input size and classes: refused now, not on the worker

@@ -44,9 +44,10 @@ def wire_nodes(request: Any) -> tuple[list[dict], str | None]:
         from ..engine.templates import expand_template
         from ..errors import SigpropError
         from ..schemas.graph import Template
+        from ..settings import offline_limits
 
         try:
-            expanded = expand_template(Template.model_validate(graph))
+            expanded = expand_template(Template.model_validate(graph), max_nodes=offline_limits().max_nodes)
         except (ValidationError, SigpropError) as exc:
             return [], f"the stored template no longer expands ({type(exc).__name__})"
         return [nd.model_dump(mode="json", by_alias=True, exclude_none=True) for nd in expanded.nodes], None

@@ -61,9 +61,10 @@ Registry
 Each template is one :class:`TemplateSpec` in ``TEMPLATES``: its name, description, documented
 parameters (which are also the only ``Template`` fields it accepts), its expander and its exact
 size from the parameters. Adding a template is adding one entry (and its name to
-``sigprop.schemas.Template``). Expansion refuses templates over the one node limit of sigprop,
-``Settings.max_nodes`` (``SIGPROP_MAX_NODES``), the same limit the service checks with
-:func:`template_size` before it expands anything.
+``sigprop.schemas.Template``). Expansion refuses templates over the node limit its caller passes
+(``max_nodes``, from the ``engine.limits.Limits`` the caller built from its settings; default
+``DEFAULT_MAX_NODES``), the same limit the service checks with :func:`template_size` before it
+expands anything.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
 from sigprop.schemas.graph import TEMPLATE_FIELDS, TEMPLATE_NAMES
 
+from .limits import DEFAULT_MAX_NODES
 from .template_builder import (
     _BIAS,
     _DEPTH_LIMIT,
@@ -92,7 +94,7 @@ from .template_builder import (
     _require_depth,
 )
 
-# Expansion guard besides the node limit (``node_limit``): the quadratic concat lists of a very deep
+# Expansion guard besides the node limit (``max_nodes``): the quadratic concat lists of a very deep
 # CIFAR DenseNet are cut off well before they get slow.
 MAX_TEMPLATE_EDGES = 1_000_000  # also keeps every concat under the schema's 4096 inputs
 
@@ -151,22 +153,6 @@ DENSENET_IMAGENET_CONFIGS: dict[int, tuple[int, ...]] = {
 
 # Every field a template may take, in the order of Template (errors list unknown ones in this order).
 _ALL_FIELDS = tuple(f for f in Template.model_fields if f != "template")
-
-
-def node_limit() -> int:
-    """The most nodes a template may expand to: sigprop's one node limit, ``Settings.max_nodes``
-    (``SIGPROP_MAX_NODES``, default 100,000), which the service also checks from
-    :func:`template_size` before expanding. Read from the environment on first use."""
-    from sigprop.settings import get_node_limit  # here, not at the top: only expansions pay for pydantic-settings
-
-    try:
-        return get_node_limit()
-    except ValidationError as exc:
-        raise SigpropError(
-            "invalid_request",
-            f"SIGPROP_MAX_NODES: {exc.errors(include_url=False)[0]['msg']}",
-            "set SIGPROP_MAX_NODES to a positive number of nodes, or unset it (100000)",
-        ) from None
 
 
 # -- mlp ------------------------------------------------------------------------------------------
@@ -544,14 +530,14 @@ def _check_size(t: Template, size: TemplateSize, max_nodes: int) -> None:
         )
 
 
-def expand_template(t: Template, *, max_nodes: int | None = None) -> Graph:
+def expand_template(t: Template, *, max_nodes: int = DEFAULT_MAX_NODES) -> Graph:
     """The node-by-node graph (schema ``sigprop.graph/v1``) of a template: ``expand_template_nodes``
     validated as one graph, so the two expansions are one.
 
     Raises ``SigpropError("invalid_request", ...)`` for an unknown template, a parameter that does
     not apply to the template, a missing required parameter or an unsupported value (the hint
     lists what is allowed), and ``SigpropError("graph_too_large", ...)`` when the expansion would
-    exceed ``max_nodes`` nodes (default: :func:`node_limit`) or ``MAX_TEMPLATE_EDGES`` edges.
+    exceed ``max_nodes`` nodes or ``MAX_TEMPLATE_EDGES`` edges.
     """
     nodes = expand_template_nodes(t, max_nodes=max_nodes)
     try:
@@ -560,11 +546,14 @@ def expand_template(t: Template, *, max_nodes: int | None = None) -> Graph:
         raise _invalid_expansion(t, exc) from None
 
 
-def expand_template_nodes(t: Template, *, max_nodes: int | None = None) -> TemplateNodes:
+def expand_template_nodes(
+    t: Template, *, max_nodes: int = DEFAULT_MAX_NODES, size: TemplateSize | None = None
+) -> TemplateNodes:
     """``expand_template(t).nodes`` as far as ``engine.graph.build_graph`` reads them (the same
     fields, as plain attributes; ``_Builder.engine_nodes``), built several times faster: what a
-    solve request's template expands to. Raises as ``expand_template``."""
-    builder = _expand(t, max_nodes)
+    solve request's template expands to. ``size``: the template's size when the caller computed
+    it already (admission did). Raises as ``expand_template``."""
+    builder = _expand(t, max_nodes, size)
     found = builder.engine_nodes()
     if found is None:
         try:
@@ -574,7 +563,7 @@ def expand_template_nodes(t: Template, *, max_nodes: int | None = None) -> Templ
     return found
 
 
-def _expand(t: Template, max_nodes: int | None) -> _Builder:
+def _expand(t: Template, max_nodes: int, size: TemplateSize | None = None) -> _Builder:
     """The template's nodes, once its fields and its size are checked (see ``expand_template``)."""
     name = t.template
     spec = TEMPLATES.get(name)
@@ -586,9 +575,10 @@ def _expand(t: Template, max_nodes: int | None) -> _Builder:
             f"template '{name}' does not take {', '.join(repr(f) for f in extra)}",
             f"template '{name}' takes {', '.join(spec.fields)}",
         )
-    size = spec.size(t)
+    if size is None:
+        size = spec.size(t)
     if size is not None:  # None: invalid parameters, which the expander reports
-        _check_size(t, size, node_limit() if max_nodes is None else max_nodes)
+        _check_size(t, size, max_nodes)
     return spec.expand(t)
 
 

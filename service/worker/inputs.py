@@ -17,6 +17,7 @@ from ..requests import invalid_request
 from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution
 from ..schemas.validation import ValidationRequest
+from ..settings import offline_limits
 
 # Measured on digits with a depth-50 TReLU MLP: SGD (momentum 0.9) diverges at lr >= 0.01 and
 # Adam is unstable at 1e-3, while 0.002 / 3e-4 train it to ~0.95 test accuracy in 300 steps.
@@ -67,10 +68,10 @@ def _as_graph(graph: Any) -> Graph:
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, Template):
-        return expand_template(graph)
+        return expand_template(graph, max_nodes=offline_limits().max_nodes)
     try:
         if isinstance(graph, Mapping) and "template" in graph:
-            return expand_template(Template.model_validate(dict(graph)))
+            return expand_template(Template.model_validate(dict(graph)), max_nodes=offline_limits().max_nodes)
         return Graph.model_validate(graph)
     except ValidationError as exc:
         raise invalid_request(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from starlette.background import BackgroundTask
 
 from ...schemas.solve import Solution, SolveRequest
 from ..auth import client_identity
@@ -27,4 +28,9 @@ async def post_solve(request: Request):
         outcome = await state.offload.solve(state.solutions, body, client_identity(request, state.keys))
     if outcome.cached:
         request.state.cache_hit = True  # logged at DEBUG, not INFO (observability.py)
-    return Response(outcome.body, media_type="application/json", headers={"X-Sigprop-Key": outcome.key})
+    # a cold answer is stored once it is sent (its single-flight lock held until then): the
+    # write does not delay it, and a failed write only means a recomputation later
+    after = BackgroundTask(outcome.store) if outcome.store is not None else None
+    return Response(
+        outcome.body, media_type="application/json", headers={"X-Sigprop-Key": outcome.key}, background=after
+    )

@@ -54,5 +54,5 @@ async def template(name: str, request: Request, service: Solutions, run: Run):
         raise invalid_request(exc, f"see GET /v1/templates for the parameters of '{name}'", default="query") from None
     service.check_size(t)  # from the parameters, before building anything (graph_too_large, SIGPROP_MAX_SOLVE_COST)
     # bounded by the checks above, and built in a thread: never on the event loop
-    text = await run(lambda: expand_template(t).model_dump_json(by_alias=True))
+    text = await run(lambda: expand_template(t, max_nodes=service.limits.max_nodes).model_dump_json(by_alias=True))
     return Response(text, media_type="application/json")
