@@ -83,7 +83,7 @@ from .jax_initializers import (  # noqa: E402 - after the JAX import check above
     zeros,
 )
 from .jax_trees import _MISSING, _get, _set  # noqa: E402 - after the JAX import check above
-from .solution import as_solution  # noqa: E402 - after the JAX import check above
+from .solution import as_solution, tailoring  # noqa: E402 - after the JAX import check above
 
 PathLike = str | Sequence[Any]
 
@@ -109,10 +109,7 @@ def transformed_activation(solution, name: str | None = None) -> Callable[[jax.A
     given = {"negative_slope": sol.negative_slope, "tau": sol.tau, "m": sol.m}
     phi = activation_fn(key, **{k: v for k, v in given.items() if k in defaults})
 
-    a = 1.0 if sol.input_scale is None else float(sol.input_scale)
-    b = 0.0 if sol.input_shift is None else float(sol.input_shift)
-    c = 1.0 if sol.output_scale is None else float(sol.output_scale)
-    d = 0.0 if sol.output_shift is None else float(sol.output_shift)
+    a, b, c, d = tailoring(sol)
 
     def phi_hat(x):
         return c * (phi(a * _as_float_array(x) + b) + d)

@@ -61,6 +61,8 @@ class InThreadPool:
 class Store:
     """The solution cache as far as ``SolutionService`` uses it on a cold solve."""
 
+    max_bytes = 0  # no byte bound
+
     def __init__(self):
         self.records = {}
 

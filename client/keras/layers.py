@@ -18,6 +18,7 @@ from keras import ops
 
 from ...schemas.activations import CATALOGUE, GELU_TANH_K, SELU_ALPHA, SELU_LAMBDA, activation_info, canonical_name
 from ...schemas.solve import Solution
+from ..solution import tailored, tailoring
 
 __all__ = ["TransformedActivation", "WeightedSum", "activation_of", "phi"]
 
@@ -112,29 +113,10 @@ class TransformedActivation:
         given = {"negative_slope": solution.negative_slope, "tau": solution.tau, "m": solution.m}
         params = {k: given.get(k) if given.get(k) is not None else (defaults or {}).get(k) for k in known}
 
-        def one(v, d):
-            return d if v is None else v
-
-        return cls(
-            name,
-            one(solution.input_scale, 1.0),
-            one(solution.input_shift, 0.0),
-            one(solution.output_scale, 1.0),
-            one(solution.output_shift, 0.0),
-            params,
-        )
+        return cls(name, *tailoring(solution), params)
 
     def __call__(self, x):
-        if self.input_scale != 1.0:
-            x = self.input_scale * x
-        if self.input_shift != 0.0:
-            x = x + self.input_shift
-        y = self._phi(x)
-        if self.output_shift != 0.0:
-            y = y + self.output_shift
-        if self.output_scale != 1.0:
-            y = self.output_scale * y
-        return y
+        return tailored(self._phi, x, self.input_scale, self.input_shift, self.output_scale, self.output_shift)
 
     def get_config(self) -> dict:
         return {

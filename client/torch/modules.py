@@ -19,6 +19,7 @@ from torch import nn
 
 from ...schemas.activations import CATALOGUE, SELU_ALPHA, SELU_LAMBDA, activation_info, canonical_name
 from ...schemas.solve import Solution
+from ..solution import tailored, tailoring
 
 __all__ = [
     "TransformedActivation",
@@ -140,15 +141,15 @@ class TransformedActivation(nn.Module):
         def pick(key, value):
             return value if value is not None else defaults.get(key)
 
-        one = lambda v, d: d if v is None else v  # noqa: E731
         _, known = activation_function(solution.activation)
         name = canonical_name(solution.activation)
+        a, b, c, d = tailoring(solution)
         return cls(
             name,
-            input_scale=one(solution.input_scale, 1.0),
-            input_shift=one(solution.input_shift, 0.0),
-            output_scale=one(solution.output_scale, 1.0),
-            output_shift=one(solution.output_shift, 0.0),
+            input_scale=a,
+            input_shift=b,
+            output_scale=c,
+            output_shift=d,
             negative_slope=(pick("negative_slope", solution.negative_slope) if "negative_slope" in known else None),
             alpha=defaults.get("alpha") if "alpha" in known else None,
             tau=pick("tau", solution.tau) if "tau" in known else None,
@@ -171,16 +172,7 @@ class TransformedActivation(nn.Module):
         return self._phi(x, **params)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_scale != 1.0:
-            x = self.input_scale * x
-        if self.input_shift != 0.0:
-            x = x + self.input_shift
-        y = self.phi(x)
-        if self.output_shift != 0.0:
-            y = y + self.output_shift
-        if self.output_scale != 1.0:
-            y = self.output_scale * y
-        return y
+        return tailored(self.phi, x, self.input_scale, self.input_shift, self.output_scale, self.output_shift)
 
     def extra_repr(self) -> str:
         p = ", ".join(f"{k}={v:.6g}" for k, v in self.params.items())

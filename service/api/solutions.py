@@ -312,7 +312,7 @@ class SolutionService:
             if notes:
                 return canonical, False, None
             record = new_record(key, canonical, cold.request_text, list(cold.parsed.ids), cold.method, cold.activation)
-            if defer and token is not None and not self._refusing():
+            if defer and token is not None and not self._refusing() and not self._too_large(record):
                 store, token = _DeferredStore(self.cache, record, token), None  # it releases the lock
                 return canonical, False, store
             try:
@@ -325,6 +325,11 @@ class SolutionService:
         finally:
             if token is not None:
                 self.cache.release(key, token)
+
+    def _too_large(self, record) -> bool:
+        """Whether the store will refuse ``record`` for its size (``SIGPROP_CACHE_MAX_BYTES``): known
+        before the write, so its answer says "not stored" and its write is not deferred."""
+        return bool(self.cache.max_bytes) and record.size > self.cache.max_bytes
 
     def _refusing(self) -> bool:
         """Whether the store refused a write lately: its answers then carry the "not stored"

@@ -17,6 +17,7 @@ class SolutionCache(Protocol):
     backend: str  # "redis" or "sqlite"
     checksum: Checksum  # plain SHA-256, or HMAC-SHA256 with SIGPROP_CACHE_SECRET
     health: StorageHealth  # the writes this process saw refused (full or read-only store)
+    max_bytes: int  # SIGPROP_CACHE_MAX_BYTES: a record over it is refused by put (0: no bound)
 
     def get(self, key: str, count_hit: bool = True) -> Record | None:
         """The whole record (counting a hit unless told not to, and unless the store refuses the
