@@ -470,4 +470,5 @@ def apply_to_params(
 
 
 # Flax extraction and diagnostics live in ``jax_extraction`` (re-exported here)
-from .jax_extraction import diagnose, graph_from_flax, input_pair  # noqa: E402
+from .jax_diagnose import diagnose, input_pair  # noqa: E402
+from .jax_extraction import graph_from_flax  # noqa: E402

@@ -29,7 +29,6 @@ from jax.extend.core import Literal
 
 from ..schemas.errors import SigpropError
 from .jax_activations import activation_fn  # the catalogue's exact phi
-from .solution import as_solution
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
 _ELEMENTWISE = {
@@ -549,92 +548,3 @@ def graph_from_flax(
         warnings.warn(note, stacklevel=2)
     _structure_check(ext.graph, assumptions)
     return ext.graph, ext.mapping
-
-
-def input_pair(example_input, input_c: float, *, same_locations: bool = False, seed: int = 0):
-    """``(x1, x2)`` with q = 1 and cosine ``input_c`` per example (per location of NHWC maps: the
-    channel axis is the last), as ``sigprop.client.torch.input_pair`` builds them: ``x1`` is
-    ``example_input`` rescaled, ``x2 = input_c x1 + sqrt(1 - input_c^2) z`` with ``z`` a seeded
-    Gaussian draw orthogonal to ``x1`` with its norm; one channel (``[N, 28, 28, 1]``): +-1 signs
-    and the same with a share ``(1 - input_c) / 2`` of each example's locations flipped."""
-    from .diagnosis import pair_c
-
-    input_c = pair_c(input_c)
-    x = np.asarray(example_input, np.float64)
-    rng = np.random.default_rng(0x51D1A6 + int(seed))
-    dtype = jnp.asarray(example_input).dtype
-    if x.ndim > 2 and x.shape[-1] == 1:  # one channel: signs, a share flipped (see the torch adapter)
-        if same_locations:
-            raise ValueError("same_locations=True needs two or more input channels")
-        x1 = np.where(x >= 0, 1.0, -1.0).reshape(x.shape[0], -1)
-        flips = round((1.0 - input_c) / 2.0 * x1.shape[1])
-        sign = np.ones_like(x1)
-        np.put_along_axis(sign, rng.random(x1.shape).argsort(axis=1)[:, :flips], -1.0, axis=1)
-        return jnp.asarray(x1.reshape(x.shape), dtype), jnp.asarray((x1 * sign).reshape(x.shape), dtype)
-    z = rng.standard_normal(x.shape)
-    if same_locations and x.ndim == 4:
-        x = np.broadcast_to(x.mean(axis=(1, 2), keepdims=True), x.shape)
-        z = np.broadcast_to(z.mean(axis=(1, 2), keepdims=True), z.shape)
-    n = x.shape[-1]
-    x1 = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30) * math.sqrt(n)
-    z = z - (z * x1).sum(-1, keepdims=True) / n * x1
-    z = z / np.maximum(np.linalg.norm(z, axis=-1, keepdims=True), 1e-30) * math.sqrt(n)
-    return jnp.asarray(x1, dtype), jnp.asarray(input_c * x1 + math.sqrt(1 - input_c * input_c) * z, dtype)
-
-
-def _q_and_c(y, half: int) -> tuple[float, float]:
-    y = np.asarray(y, np.float64)
-    a, b = y[:half], y[half:]
-    cos = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-300)
-    return float((y * y).mean()), float(cos.mean())
-
-
-def diagnose(
-    model,
-    solution,
-    example_input,
-    *,
-    input_c: float = 0.5,
-    same_locations: bool = False,
-    seed: int = 0,
-    calibrations=(),
-):
-    """Per-node q and c of a Flax model against the answer: ``model`` is a bound module
-    (``module.bind(variables)``, e.g. with the params :func:`apply_to_params` returned) or a
-    ``(module, variables)`` pair. As ``sigprop.client.torch.diagnose`` (same pair of inputs, same
-    :class:`~sigprop.client.diagnosis.Diagnosis`); the values are the graph nodes' own (an
-    activation written as ``s * phi`` is measured as ``phi``, a sum as the normalized sum).
-    ``calibrations``: ``apply_to_params``'s ``report.calibrations``, marked on their rows."""
-    from .diagnosis import (
-        SHOWN_OPS,
-        Diagnosis,
-        LayerDiagnosis,
-        interpolate,
-        judge,
-        note_calibrations,
-        predict,
-        stated_noise,
-        with_noise,
-    )
-
-    module, variables = model if isinstance(model, tuple) else model.unbind()
-    sol = as_solution(solution)
-    x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
-    ext = extract_flax(module, variables, jnp.concatenate([x1, x2]), allow_unsupported=True)
-    one_channel = x1.ndim > 2 and x1.shape[-1] == 1
-    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations, one_channel=one_channel)
-    ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
-    half = int(x1.shape[0])
-    noise = stated_noise(ext.graph, predicted, half)
-    rows = []
-    for gid, p in predicted.items():
-        if ops[gid] in SHOWN_OPS:
-            q, c = _q_and_c(ext.values[gid], half)
-            rows.append(with_noise(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note), noise[gid]))
-    c_global = interpolate(input_c, sol.c_map.c, sol.c_map.global_)
-    scope = "location" if x1.ndim == 4 else "example"
-    diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, half, rows, c_global)
-    diag.notes.extend(ext.warnings)
-    note_calibrations(diag, calibrations)
-    judge(diag, ext.graph)
-    return diag

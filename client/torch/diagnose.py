@@ -26,6 +26,7 @@ from ..diagnosis import (
     stated_noise,
     with_noise,
 )
+from ..pairs import PAIR_SEED_OFFSET
 from ..solution import as_solution
 from .extraction import extract
 from .modules import TransformedActivation
@@ -36,7 +37,7 @@ __all__ = ["diagnose", "input_pair"]
 # The partner's draw is offset from the caller's seed: apply(seed=0) draws its orthogonal matrices
 # from a generator seeded 0, and a partner drawn from the same stream would be correlated with
 # the first layer's weights (its rows would span the same directions), which biases every figure.
-_PAIR_SEED_OFFSET = 0x51D1A6
+_PAIR_SEED_OFFSET = PAIR_SEED_OFFSET  # the same stream as the channels-last adapters (client.pairs)
 
 
 def input_pair(example_input: torch.Tensor, input_c: float, *, same_locations: bool = False, seed: int = 0):
