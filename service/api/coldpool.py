@@ -39,7 +39,9 @@ from .coldlanes import Lanes
 
 log = logging.getLogger("sigprop")
 _PRELOAD = ["sigprop.api.solver_preload"]
-SOLVER_NICE = 15  # CFS weight 36 against the API's 1024: a waking API process (a probe, a hit) preempts the solvers at once; solves still get every cycle the API leaves
+# CFS weight 36 against the API's 1024: a waking API process (a probe, a hit) preempts the solvers
+# at once; solves still get every cycle the API leaves
+SOLVER_NICE = 15
 WATCHDOG_S = 0.5  # how often a solver process checks that its owner is alive
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
