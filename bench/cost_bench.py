@@ -143,15 +143,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     gc.freeze()  # as a solver process does with what it imported (sigprop.api.solver_preload)
     settings = Settings()
-    service = SolutionService(
-        None,
-        settings.max_nodes,
-        1.0,
-        1.0,
-        max_depth=settings.max_depth,
-        max_fan_in=settings.max_fan_in,
-        max_cost=settings.max_solve_cost,
-    )
+    service = SolutionService(None, 1.0, 1.0, limits=settings.limits())
     env = f"{machine()}; {sigprop_state(ROOT)}; default limits (max cost {settings.max_solve_cost:,} nodes + edges)"
     print(env, flush=True)
     rows = []

@@ -240,15 +240,7 @@ def adversarial_table(repeats: int) -> str:
     from sigprop.settings import Settings
 
     settings = Settings()
-    service = SolutionService(
-        None,
-        settings.max_nodes,
-        1.0,
-        1.0,
-        max_depth=settings.max_depth,
-        max_fan_in=settings.max_fan_in,
-        max_cost=settings.max_solve_cost,
-    )
+    service = SolutionService(None, 1.0, 1.0, limits=settings.limits())
     rows = []
     for case, goal in adversarial_cases():
         body = json.dumps(request_dict(case)).encode()

@@ -47,7 +47,7 @@ def _corrupt(cache, key):
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_corrupt_entry_is_recomputed_not_served(backend, tmp_path):
     cache = _cache(backend, tmp_path)
-    svc = SolutionService(cache, 100_000, 60, 30)
+    svc = SolutionService(cache, 60, 30)
     first = svc.solve(BODY)
     assert not first.cached and svc.solve(BODY).cached
     _corrupt(cache, first.key)

@@ -24,6 +24,7 @@ from sigprop.api.coldpool import SolverPool, solve_request
 from sigprop.api.solutions import SolutionService, graph_size
 from sigprop.engine.geometric import solve_geometric
 from sigprop.engine.graph import build_graph
+from sigprop.engine.limits import Limits
 from sigprop.engine.solve import prepare, solve_canonical
 from sigprop.engine.subnetworks import _dominators
 from sigprop.errors import SigpropError
@@ -191,7 +192,7 @@ def test_real_architectures_stay_far_under_the_step_budget():
 
 
 def test_a_sum_of_3000_branches_is_refused_from_its_bytes_before_it_is_parsed():
-    service = SolutionService(None, 100_000, 1.0, 1.0, max_fan_in=1024, max_cost=50_000)
+    service = SolutionService(None, 1.0, 1.0, limits=Limits(max_depth=10_000, max_fan_in=1024, max_cost=50_000))
     body = json.dumps(request(fan_in(3000), "tat")).encode()  # 383 KB, cost 15,006: under the budget
     times = []
     for _ in range(3):
@@ -213,15 +214,7 @@ def test_a_cold_solve_carries_its_exact_cost():
 @pytest.mark.parametrize("method", list(METHOD_REQUESTS))
 def test_every_method_solves_the_adversarial_graphs_in_3_s_or_refuses_them_by_price_in_50_ms(method):
     settings = Settings()
-    service = SolutionService(
-        None,
-        settings.max_nodes,
-        1.0,
-        1.0,
-        max_depth=settings.max_depth,
-        max_fan_in=settings.max_fan_in,
-        max_cost=settings.max_solve_cost,
-    )
+    service = SolutionService(None, 1.0, 1.0, limits=settings.limits())
     cases = {
         "ladder 3000": ladder(3000),
         "ladder 6000": ladder(6000),
@@ -467,7 +460,7 @@ def test_a_small_body_naming_a_large_template_is_built_in_a_solver_process():
     from .test_preparation import InThreadPool, Store
 
     pool = InThreadPool()
-    service = SolutionService(Store(), 100_000, 1.0, 1.0, solver=pool, small_cost=2000)
+    service = SolutionService(Store(), 1.0, 1.0, solver=pool, small_cost=2000)
     deep = json.dumps({"graph": {"template": "mlp", "depth": 10_000}, "method": "eoc", "activation": "tanh"})
     assert isinstance(service.begin(deep.encode()), solutions.ColdSolve)
     assert [fn for fn, _, _ in pool.calls] == [prepare_payload]

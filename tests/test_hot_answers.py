@@ -88,7 +88,7 @@ def test_checksum_is_verified_once_per_entry_and_tampering_is_refused(redis_clie
     checksum = _CountingChecksum("a-server-secret-of-ours")
     cache = RedisSolutionCache(SHARED_REDIS_URL, checksum=checksum)
     try:
-        service = SolutionService(cache, 100_000, 60.0, 30.0, hot=cache.hot_answers())
+        service = SolutionService(cache, 60.0, 30.0, hot=cache.hot_answers())
         first = service.solve(_body(REQUEST))
         assert first.cached is False
 
@@ -174,7 +174,7 @@ def test_memory_is_dropped_on_delete_eviction_and_flush(keyed_cache, redis_clien
 
 
 def test_each_request_gets_its_own_node_ids_from_memory(keyed_cache):
-    service = SolutionService(keyed_cache, 100_000, 60.0, 30.0, hot=keyed_cache.hot_answers())
+    service = SolutionService(keyed_cache, 60.0, 30.0, hot=keyed_cache.hot_answers())
     template, renamed = _body(REQUEST), _body(_renamed(REQUEST))
     assert service.solve(template).cached is False
     expected = {b: service.solve(b).body for b in (template, renamed)}  # hits, personalized per body

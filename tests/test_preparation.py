@@ -164,7 +164,7 @@ def test_a_prepared_request_pickles_to_an_equal_one():
 
 def test_a_cold_request_is_prepared_once_and_the_solver_gets_the_prepared_form(monkeypatch):
     pool = InThreadPool()
-    service = SolutionService(Store(), 100_000, 60.0, 30.0, solver=pool, small_cost=2000, limits=Settings().limits())
+    service = SolutionService(Store(), 60.0, 30.0, solver=pool, small_cost=2000, limits=Settings().limits())
     spec = templates.TEMPLATES["mlp"]
     sizes = counting(monkeypatch, spec, "size") if not dataclasses.is_dataclass(spec) else []
     if dataclasses.is_dataclass(spec):  # a frozen dataclass: replace the entry with a counting copy
@@ -186,12 +186,12 @@ def test_a_cold_request_is_prepared_once_and_the_solver_gets_the_prepared_form(m
     [(fn, args, _)] = pool.calls  # the solve alone crossed: the request was prepared here
     assert fn is solutions.solve_prepared and isinstance(args[0], Prepared) and args[0].key == step.parsed.key
     # the same answer as solving the body from scratch
-    assert json.loads(outcome.body) == json.loads(SolutionService(Store(), 100_000, 60.0, 30.0).solve(body).body)
+    assert json.loads(outcome.body) == json.loads(SolutionService(Store(), 60.0, 30.0).solve(body).body)
 
 
 def test_a_large_body_crosses_to_a_solver_process_once(monkeypatch):
     pool = InThreadPool()
-    service = SolutionService(Store(), 100_000, 60.0, 30.0, solver=pool, small_cost=2000, limits=Settings().limits())
+    service = SolutionService(Store(), 60.0, 30.0, solver=pool, small_cost=2000, limits=Settings().limits())
     body = json.dumps(raw_mlp(300)).encode()
     assert len(body) > solutions._IN_THREAD_BYTES
     parses = counting(monkeypatch, solutions, "load_json")  # the API process's own parse: none
@@ -205,7 +205,7 @@ def test_a_large_body_crosses_to_a_solver_process_once(monkeypatch):
 
 def test_a_small_body_naming_a_large_template_is_prepared_in_a_solver_process_once(monkeypatch):
     pool = InThreadPool()
-    service = SolutionService(Store(), 100_000, 60.0, 30.0, solver=pool, small_cost=2000, limits=Settings().limits())
+    service = SolutionService(Store(), 60.0, 30.0, solver=pool, small_cost=2000, limits=Settings().limits())
     builds = counting(monkeypatch, preparation, "prepare")
     outcome = service.solve(json.dumps(mlp(2000)).encode())
     assert not outcome.cached
@@ -269,7 +269,7 @@ def test_a_deferred_store_write_keeps_single_flight():
     import threading
 
     store = LockingStore()
-    service = SolutionService(store, 100_000, 60.0, 30.0)
+    service = SolutionService(store, 60.0, 30.0)
     body = json.dumps(mlp(20)).encode()
     first = service.finish(service.begin(body), defer=True)
     assert not first.cached and first.store is not None
@@ -299,7 +299,7 @@ def test_a_store_refusing_writes_is_written_before_the_answer_goes():
 
     store = Refusing()
     store.health = Degraded()
-    service = SolutionService(store, 100_000, 60.0, 30.0)
+    service = SolutionService(store, 60.0, 30.0)
     outcome = service.finish(service.begin(json.dumps(mlp(20)).encode()), defer=True)
     assert outcome.store is None and not store.held
     assert any("not stored" in w for w in json.loads(outcome.body)["warnings"])

@@ -633,8 +633,8 @@ def test_single_flight_rechecks_cache_after_lock(backend, tmp_path, monkeypatch)
     solved = []
     real_solve = solutions.solve_canonical
     monkeypatch.setattr(solutions, "solve_canonical", lambda prep: solved.append(prep.key) or real_solve(prep))
-    me = solutions.SolutionService(ours, 100_000, 60.0, 30.0)
-    other = solutions.SolutionService(theirs, 100_000, 60.0, 30.0)
+    me = solutions.SolutionService(ours, 60.0, 30.0)
+    other = solutions.SolutionService(theirs, 60.0, 30.0)
     req = mlp(3, width=8, targets={"eta": 0.15})
     real_acquire = ours.acquire
 

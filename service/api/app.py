@@ -82,7 +82,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     cold = state.limits.cold_solves
     state.solutions = SolutionService(
         state.cache,
-        settings.max_nodes,
         settings.lock_timeout_s,
         settings.solve_timeout_s,
         limits=settings.limits(),  # nodes, depth, fan-in and cost: the one object requests are admitted against

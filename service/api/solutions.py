@@ -44,6 +44,10 @@ from .admission import BodyMemo, check_body_cost
 from .coldpool import SolverPool, solve_prepared, timeout_error
 from .observability import CACHE, SOLVE_SECONDS, STORAGE
 
+# the Settings defaults of nodes, depth and fan-in (no price): what a service built without
+# the app's limits, e.g. in a test, admits against
+DEFAULT_LIMITS = Limits(max_depth=10_000, max_fan_in=1024)
+
 log = logging.getLogger("sigprop")
 _POLL_S = 0.02
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
@@ -95,28 +99,24 @@ class SolutionService:
     def __init__(
         self,
         cache: SolutionCache,
-        max_nodes: int,
         lock_timeout_s: float,
         wait_timeout_s: float,
         *,
-        max_depth: int = 10_000,
-        max_fan_in: int = 1024,
+        limits: Limits = DEFAULT_LIMITS,
         limit_cold: Callable[[str | None], None] | None = None,
-        max_cost: int | None = None,
         memo_bytes: int = 64 << 20,
         solver: SolverPool | None = None,
         solve_timeout_s: float | None = None,
         hot: HotAnswers | None = None,
         small_cost: int = 0,
-        limits: Limits | None = None,
     ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
         self._memo = BodyMemo(memo_bytes)
         self.cache = cache
-        # every request is admitted against these (sigprop.preparation); ``limits`` (the app's,
-        # from Settings.limits) wins over the separate arguments, which offline uses and tests pass
-        self.limits = limits or Limits(max_nodes, max_depth, max_fan_in, max_cost)
+        # every request is admitted against these (sigprop.preparation); the app's come from
+        # Settings.limits, the one place the environment's limits are read
+        self.limits = limits
         # called with the client's identity right before a cold solve; raises rate_limited (429).
         # Its ``precheck`` (when it has one) refuses a client already over budget, without counting.
         self.limit_cold = limit_cold
