@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..schemas.activations import SELU_ALPHA, SELU_LAMBDA
 from ..schemas.errors import SigpropError
 from ..schemas.graph import Graph
 from ..schemas.shapes import infer_shapes
@@ -78,7 +79,7 @@ _ACTIVATIONS = {
     "Asinh": "asinh",
 }
 _NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "LRN"}
-_SELU = (1.6732632423543772, 1.0507009873554805)  # ONNX's default alpha and gamma, the catalogue's selu
+_SELU = (SELU_ALPHA, SELU_LAMBDA)  # ONNX's default alpha and gamma are the catalogue's selu
 
 
 class _Unsupported(Exception):
