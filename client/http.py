@@ -89,6 +89,36 @@ def _dump(value: Any, what: str) -> dict:
     raise TypeError(f"{what} must be a dict or a sigprop.schemas model, not {type(value).__name__}")
 
 
+def solve_body(
+    graph: GraphLike,
+    method: str,
+    activation: str,
+    targets: TargetsLike | None,
+    init: str | None = None,
+    trainable: TrainableOptions | Mapping[str, Any] | None = None,
+    c_map_points: int | None = None,
+    assumptions: str | None = None,
+) -> dict:
+    """The JSON body of ``POST /v1/solve`` from its parts, optional keys left out when None."""
+    body: dict[str, Any] = {"graph": _dump(graph, "graph"), "method": method, "activation": activation}
+    if assumptions is not None:
+        body["assumptions"] = assumptions
+    if targets is not None:
+        body["targets"] = _dump(targets, "targets")
+    if init is not None:
+        body["init"] = init
+    if trainable is not None:
+        body["trainable"] = _dump(trainable, "trainable")
+    if c_map_points is not None:
+        body["c_map_points"] = c_map_points
+    return body
+
+
+def request_body(request: SolveRequest | Mapping[str, Any]) -> dict:
+    """A whole solve request (a ``SolveRequest`` or its JSON as a dict) as plain JSON data."""
+    return _dump(request, "request")
+
+
 def _query_value(value: Any) -> Any:
     # Lists (input_shape) travel as JSON text, which is what GET /v1/templates/{name} parses.
     if isinstance(value, (builtins.list, tuple)):
@@ -169,34 +199,9 @@ class _Base:
             return True
         return idempotent and isinstance(exc, _BROKEN_CONNECTION_ERRORS)
 
-    # -- request bodies ----------------------------------------------------------------------------
-    @staticmethod
-    def _solve_body(
-        graph: GraphLike,
-        method: str,
-        activation: str,
-        targets: TargetsLike | None,
-        init: str | None,
-        trainable: TrainableOptions | Mapping[str, Any] | None,
-        c_map_points: int | None,
-        assumptions: str | None = None,
-    ) -> dict:
-        body: dict[str, Any] = {"graph": _dump(graph, "graph"), "method": method, "activation": activation}
-        if assumptions is not None:
-            body["assumptions"] = assumptions
-        if targets is not None:
-            body["targets"] = _dump(targets, "targets")
-        if init is not None:
-            body["init"] = init
-        if trainable is not None:
-            body["trainable"] = _dump(trainable, "trainable")
-        if c_map_points is not None:
-            body["c_map_points"] = c_map_points
-        return body
-
-    @staticmethod
-    def _request_body(request: SolveRequest | Mapping[str, Any]) -> dict:
-        return _dump(request, "request")
+    # -- request bodies (also what sigprop.solve builds in-process) ----------------------------------
+    _solve_body = staticmethod(solve_body)
+    _request_body = staticmethod(request_body)
 
     @staticmethod
     def _list_params(offset: int, limit: int, method: str | None, activation: str | None) -> dict:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .client.http import _Base
+from .client.http import request_body, solve_body
 from .schemas.errors import SigpropError
 from .schemas.solve import Solution, SolveRequest
 
@@ -53,7 +53,7 @@ def solve(
             text = request_or_graph.decode() if isinstance(request_or_graph, bytes) else request_or_graph
             data = load_json(text, "check the request with a JSON validator", what="the request")
         else:
-            data = _Base._request_body(request_or_graph)
+            data = request_body(request_or_graph)
     else:
         if activation is None:
             raise SigpropError(
@@ -61,9 +61,7 @@ def solve(
                 "sigprop.solve: a graph was given with a method but no activation",
                 'e.g. sigprop.solve(graph, "tat", "leaky_relu", {"eta": 0.9})',
             )
-        data = _Base._solve_body(
-            request_or_graph, method, activation, targets, init, trainable, c_map_points, assumptions
-        )
+        data = solve_body(request_or_graph, method, activation, targets, init, trainable, c_map_points, assumptions)
     # a round trip through JSON text: the strict parser sees exactly what the service would
     data = json.loads(json.dumps(data, allow_nan=False))
     # the limits `sigprop solve` applies, from the same environment (settings.offline_limits)

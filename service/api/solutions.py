@@ -50,6 +50,9 @@ DEFAULT_LIMITS = Limits(max_depth=10_000, max_fan_in=1024)
 
 log = logging.getLogger("sigprop")
 _POLL_S = 0.02
+# how long a read or delete of a key waits for a write in flight (a cold answer is stored just after
+# it is sent, its single-flight lock held until then): milliseconds, unless a solve of it is running
+_PENDING_WRITE_WAIT_S = 2.0
 _QUICK_BYTES = 64 << 10  # bodies larger than this get a cost bound from their bytes first
 _IN_THREAD_BYTES = 32 << 10  # larger bodies are parsed and prepared in a solver process
 _HITS = CACHE.labels("hit")  # the hot path's counter, labelled once
@@ -354,8 +357,27 @@ class SolutionService:
         )
 
     # -- stored solutions -------------------------------------------------------------------------
+    def _settled(self, key: str) -> str | None:
+        """The key's single-flight lock once a write in flight has released it (a cold answer is
+        stored after it is sent), waiting at most ``_PENDING_WRITE_WAIT_S``: the token to release,
+        or None when the wait ran out or the lock cannot be had."""
+        until = time.monotonic() + _PENDING_WRITE_WAIT_S
+        while True:
+            try:
+                token = self.cache.acquire(key, self.lock_timeout_s)
+            except CacheUnavailable:
+                return None
+            if token is not None or time.monotonic() > until:
+                return token
+            time.sleep(_POLL_S)
+
     def get(self, key: str) -> dict:
         rec = self.cache.get(key, count_hit=False)
+        if rec is None:  # perhaps just answered, its write not yet done: a client reads what it was sent
+            token = self._settled(key)
+            if token is not None:
+                self.cache.release(key, token)
+            rec = self.cache.get(key, count_hit=False)
         if rec is None or not getattr(self.cache, "checksum", PLAIN).verify(rec.answer, rec.digest):
             raise SigpropError(
                 "not_found",
@@ -381,7 +403,14 @@ class SolutionService:
         return {"total": total, "offset": offset, "limit": limit, "items": [r.summary() for r in records]}
 
     def delete(self, key: str) -> dict:
-        if not self.cache.delete(key):
+        # under the key's lock, so an answer's write still in flight lands before, not after, the delete
+        token = self._settled(key)
+        try:
+            deleted = self.cache.delete(key)
+        finally:
+            if token is not None:
+                self.cache.release(key, token)
+        if not deleted:
             raise SigpropError("not_found", f"no stored solution has key {key}", "list keys with GET /v1/solutions")
         return {"key": key, "deleted": True}
 
