@@ -47,6 +47,12 @@ def timed(client, method: str, path: str, body=None, headers=None):
     return r, time.perf_counter() - start
 
 
+def fastest(client, method: str, path: str, body=None, headers=None, tries: int = 3) -> float:
+    """The least time of a few identical requests: a bound on the work a request costs, which one
+    scheduler hiccup or garbage collection on a busy machine must not fail (CI saw 0.3 s once)."""
+    return min(timed(client, method, path, body, headers)[1] for _ in range(tries))
+
+
 def rejected(client, method, path, body, status, code, headers=None) -> dict:
     r, elapsed = timed(client, method, path, body, headers)
     err = assert_error(r, status, code)
@@ -202,15 +208,16 @@ DEEP = {
 def test_deeply_nested_json_is_invalid_json_in_milliseconds(client, kind, path):
     err = rejected(client, "POST", path, DEEP[kind], 422, "invalid_request", headers=bearer(KEY_ONE))
     assert "not valid JSON" in err["message"]
-    _, elapsed = timed(client, "POST", path, DEEP[kind], bearer(KEY_ONE))
+    elapsed = fastest(client, "POST", path, DEEP[kind], bearer(KEY_ONE))
     assert elapsed < 0.1, f"{kind}: {elapsed * 1000:.1f} ms"
     print(f"\n{path} {kind}: rejected in {elapsed * 1000:.2f} ms")
 
 
 def test_deeply_nested_template_query_parameter(client):
-    r, elapsed = timed(client, "GET", "/v1/templates/mlp?depth=3&input_shape=" + "[" * 20_000)
+    path = "/v1/templates/mlp?depth=3&input_shape=" + "[" * 20_000
+    r, _ = timed(client, "GET", path)
     assert_error(r, 422, "invalid_request")
-    assert elapsed < 0.1
+    assert fastest(client, "GET", path) < 0.1
 
 
 def test_huge_integers_are_invalid_json_not_a_crash(client):
