@@ -98,7 +98,7 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
         leading=None if whole else rows,
         leading_tokens=None if whole else tokens,
         target=shaping_target(shaping, layers, **schedule_params),
-        schedule=[ScheduleEntry(node=nodes[i].user_id, **s) for i, s in zip(view.attention, schedule, strict=True)],
+        schedule=[ScheduleEntry(node=nodes[i].user_id, **s) for i, s in zip(view.attention, schedule, strict=False)],
     )
     if not whole:
         answer.warnings.append(
