@@ -134,13 +134,51 @@ def _token_series(act: Activation, root: float) -> tuple[np.ndarray, float]:
     return _hermite_coefficients(act, rule, root, 0.0, 1.0, 0.0, SERIES_TERMS)
 
 
+def _hermite_rows(z: np.ndarray, terms: int) -> np.ndarray:
+    """h_0(z) .. h_(terms-1)(z), h_k = He_k / sqrt(k!), by the three-term recurrence."""
+    h = np.empty((terms, len(z)))
+    h[0] = 1.0
+    if terms > 1:
+        h[1] = z
+    for k in range(2, terms):
+        h[k] = (z * h[k - 1] - math.sqrt(k - 1) * h[k - 2]) / math.sqrt(k)
+    return h
+
+
+def _shared_series(act: Activation, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_token_series`` for many tokens on one rule: valid when phi's kinks are all at 0 (or it
+    has none), so that phi(root z) kinks at the same z for every root; the rule's panels are as
+    fine as the largest root needs."""
+    widest, tail = SERIES_RULE
+    z, w = gaussian_rule([0.0] if act.kinks else [], scale=float(roots.max()), widest=widest, tail=tail)
+    f = np.asarray(act.fn(roots[:, None] * z[None, :]), dtype=float)  # (tokens, nodes)
+    wf = f * w[None, :]
+    return wf @ _hermite_rows(z, SERIES_TERMS).T, np.einsum("tn,tn->t", wf, f)
+
+
+def _series(act: Activation, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per token the Hermite coefficients (T, K) and E[phi^2] (T,), each distinct root once."""
+    unique, inverse = np.unique(roots, return_inverse=True)
+    if all(x == 0.0 for x in act.kinks) and unique[0] > 0.0:
+        coef, second = _shared_series(act, unique)
+    else:
+        series = [_token_series(act, r) for r in unique.tolist()]
+        coef, second = np.array([s[0] for s in series]), np.array([s[1] for s in series])
+    # the terms after the last that matters for any token (a smooth phi's a_k^2 fall geometrically)
+    big = np.nonzero(np.any(coef * coef > _NEGLIGIBLE * second[:, None], axis=0))[0]
+    coef = coef[:, : (big[-1] + 1 if len(big) else 1)]
+    return coef[inverse], second[inverse]
+
+
+# a Hermite coefficient with a_k^2 below this fraction of E[phi^2] for every token is left out
+# (its mass stays in the truncation bound)
+_NEGLIGIBLE = 1e-24
+
+
 def _series_kernel(k: np.ndarray, act: Activation, tolerance: float) -> np.ndarray:
     t = k.shape[0]
     roots = np.sqrt(np.diag(k))
-    unique, inverse = np.unique(roots, return_inverse=True)
-    series = [_token_series(act, r) for r in unique.tolist()]
-    coef = np.array([s[0] for s in series])[inverse]  # (T, K)
-    second = np.array([s[1] for s in series])[inverse]
+    coef, second = _series(act, roots)
     rest = np.maximum(second - np.einsum("ik,ik->i", coef, coef), 0.0)
     _, c = _correlations(k)
     out = np.zeros((t, t))
