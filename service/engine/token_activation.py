@@ -54,7 +54,7 @@ def _square(k) -> np.ndarray:
         raise ValueError(f"a token kernel is a square T x T matrix, got shape {k.shape}")
     if not np.all(np.isfinite(k)) or np.any(np.diag(k) < 0.0):
         raise ValueError("a token kernel needs finite entries and a non-negative diagonal")
-    return k
+    return 0.5 * (k + k.T)  # the maps below are entrywise: an exactly symmetric input keeps them so
 
 
 def homogeneous_slopes(act: Activation) -> tuple[float, float] | None:
