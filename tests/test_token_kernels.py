@@ -402,3 +402,33 @@ def test_activation_kernel_is_symmetric_and_exact_on_the_diagonal():
         q = np.diag(k)
         second = [quad_mean(act, qi, 2) for qi in q[[0, -1]]]
         assert np.allclose(np.diag(out)[[0, -1]], second, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "name, params, tr", ACTIVATIONS + [("leaky_relu", {"negative_slope": 0.2}, (1.0, 0.0, 1.3, 0.0))]
+)
+def test_degenerate_tokens(name, params, tr):
+    """A repeated token (c = 1), a negated one (c = -1) and a zero token: one-dimensional integrals."""
+    act = build(name, params, tr)
+    q = 1.7
+    k = np.array([[q, q, -q, 0.0], [q, q, -q, 0.0], [-q, -q, q, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    out = tk.activation_token_kernel(k, act)
+    root = math.sqrt(q)
+    f0 = float(act.fn(np.zeros(1))[0])
+
+    def quad1(g):
+        pts = sorted({x / root for x in act.kinks} | {-x / root for x in act.kinks})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", integrate.IntegrationWarning)
+            return integrate.quad(
+                lambda z: g(z) * math.exp(-0.5 * z * z) / SQRT_2PI, -12, 12, points=pts or None, epsabs=1e-15, limit=200
+            )[0]
+
+    def phi(x):
+        return float(act.fn(np.array([x]))[0])
+
+    second = quad1(lambda z: phi(root * z) ** 2)
+    assert out[0, 1] == pytest.approx(second, abs=1e-10) and out[0, 0] == pytest.approx(second, abs=1e-10)
+    assert out[0, 2] == pytest.approx(quad1(lambda z: phi(root * z) * phi(-root * z)), abs=1e-10)
+    assert out[0, 3] == pytest.approx(f0 * quad1(lambda z: phi(root * z)), abs=1e-10)
+    assert out[3, 3] == pytest.approx(f0 * f0, abs=1e-14)

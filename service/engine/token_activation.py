@@ -275,8 +275,8 @@ def _piecewise_linear_kernel(k: np.ndarray, pl) -> np.ndarray:
     sigma = np.sqrt(np.diag(k))
     norm, rho = _correlations(k)
     live = sigma > 0.0
-    with np.errstate(divide="ignore"):
-        h = np.where(live[None, :], xs[:, None] / np.where(live, sigma, 1.0)[None, :], np.copysign(np.inf, xs)[:, None])
+    # h = x_k / sigma_i; a placeholder 0 for a constant token (sigma = 0), whose terms are taken apart
+    h = np.where(live[None, :], xs[:, None] / np.where(live, sigma, 1.0)[None, :], 0.0)
     # per token: E g(u) = sum_k J_k sigma (phi(h) - h Q(h)), E g'(u) = sum_k J_k Q(h) (sigma = 0: g(0), g'(0))
     ramp_mean = np.where(live[None, :], sigma[None, :] * (_normal_pdf(h) - h * ndtr(-h)), np.maximum(-xs, 0.0)[:, None])
     g_mean = jumps @ ramp_mean
