@@ -432,3 +432,16 @@ def test_degenerate_tokens(name, params, tr):
     assert out[0, 2] == pytest.approx(quad1(lambda z: phi(root * z) * phi(-root * z)), abs=1e-10)
     assert out[0, 3] == pytest.approx(f0 * quad1(lambda z: phi(root * z)), abs=1e-10)
     assert out[3, 3] == pytest.approx(f0 * f0, abs=1e-14)
+
+
+def test_too_many_pairs_to_integrate_are_refused():
+    """ELU on E-SPA's strongly correlated tokens: every pair needs the direct integration."""
+    k = exp_kernel(0.01, 12)
+    act = get_activation("elu")
+    out = tk.activation_token_kernel(k, act)
+    with pytest.raises(SigpropError) as err:
+        tk.activation_token_kernel(k, act, max_integrated_pairs=10)
+    assert err.value.code == "graph_too_large" and "66 token pairs" in err.value.message and err.value.hint
+    assert np.array_equal(tk.activation_token_kernel(k, act, max_integrated_pairs=66), out)
+    # an analytic activation's series is enough however correlated the tokens
+    assert tk.activation_token_kernel(k, get_activation("tanh"), max_integrated_pairs=0).shape == (12, 12)

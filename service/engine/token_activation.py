@@ -32,19 +32,28 @@ import math
 import numpy as np
 from scipy.special import ndtr, owens_t
 
+from ..errors import SigpropError
 from .activations import Activation
 from .qc_maps import _hermite_coefficients, rectifier_c_map
 from .quadrature import SERIES_RULE, TAIL, _legendre, gaussian_rule
 
-__all__ = ["activation_token_kernel", "activation_token_mean", "homogeneous_slopes", "TOLERANCE"]
+__all__ = [
+    "activation_token_kernel",
+    "activation_token_mean",
+    "homogeneous_slopes",
+    "TOLERANCE",
+    "MAX_INTEGRATED_PAIRS",
+]
 
 # a pair's series is summed directly when its truncation bound is below this, relative to
 # sqrt(E[phi(u)^2] E[phi(v)^2]); others are integrated
 TOLERANCE = 1e-12
+# at most this many pairs integrated directly in one call (about 2 ms each; ``activation_token_kernel``)
+MAX_INTEGRATED_PAIRS = 4096
 SERIES_TERMS = 96
 # the inner rule of a pair integrated directly: each piece between phi's kinks in equal panels
-INNER_PANELS = 20
-INNER_NODES = 12
+INNER_PANELS = 10
+INNER_NODES = 10
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
@@ -66,10 +75,17 @@ def homogeneous_slopes(act: Activation) -> tuple[float, float] | None:
     return float(ends[0]), float(-ends[1])
 
 
-def activation_token_kernel(k, act: Activation, *, tolerance: float = TOLERANCE) -> np.ndarray:
+def activation_token_kernel(
+    k, act: Activation, *, tolerance: float = TOLERANCE, max_integrated_pairs: int | None = MAX_INTEGRATED_PAIRS
+) -> np.ndarray:
     """K'_ij = E[phi(u) phi(v)], (u, v) ~ N(0, [[K_ii, K_ij], [K_ij, K_jj]]) (module docstring);
     ``act`` the transformed activation (``token_kernels.answer_activation``). Add a dense layer's
-    bias variance to K before, as the layer does."""
+    bias variance to K before, as the layer does.
+
+    Raises ``SigpropError("graph_too_large")`` when more than ``max_integrated_pairs`` token pairs
+    (None: no limit) would need the direct integration, about 2 ms each: a phi with a kink that is
+    neither piecewise linear nor positively homogeneous (elu, selu, softsign) on strongly
+    correlated tokens (E-SPA's |c| near 1), where the Hermite series converges slowly."""
     k = _square(k)
     slopes = homogeneous_slopes(act)
     if slopes is not None:
@@ -77,7 +93,7 @@ def activation_token_kernel(k, act: Activation, *, tolerance: float = TOLERANCE)
     pl = _piecewise_linear(act)
     if pl is not None:
         return _piecewise_linear_kernel(k, pl)
-    return _series_kernel(k, act, tolerance)
+    return _series_kernel(k, act, tolerance, max_integrated_pairs)
 
 
 def activation_token_mean(q, act: Activation) -> np.ndarray:
@@ -179,7 +195,7 @@ def _series(act: Activation, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 _NEGLIGIBLE = 1e-24
 
 
-def _series_kernel(k: np.ndarray, act: Activation, tolerance: float) -> np.ndarray:
+def _series_kernel(k: np.ndarray, act: Activation, tolerance: float, max_pairs: int | None) -> np.ndarray:
     t = k.shape[0]
     roots = np.sqrt(np.diag(k))
     coef, second = _series(act, roots)
@@ -195,7 +211,16 @@ def _series_kernel(k: np.ndarray, act: Activation, tolerance: float) -> np.ndarr
     # the truncated tail: |sum_(n >= K) a_n(i) a_n(j) c^n| <= |c|^K sqrt(R_i R_j) (Cauchy-Schwarz)
     bound = np.abs(power) * np.sqrt(np.outer(rest, rest))
     slow = bound > tolerance * np.sqrt(np.outer(second, second))
-    for i, j in zip(*np.nonzero(np.triu(slow, 1)), strict=True):
+    rows, cols = np.nonzero(np.triu(slow, 1))
+    if max_pairs is not None and len(rows) > max_pairs:
+        raise SigpropError(
+            "graph_too_large",
+            f"the token kernel after activation '{act.name}' needs {len(rows)} token pairs integrated one by one "
+            f"(its Hermite series converges slowly on strongly correlated tokens), more than the limit of {max_pairs}",
+            "use a shorter sequence (T tokens make T (T - 1) / 2 pairs), or an activation whose token kernel has a "
+            "closed form (relu, leaky_relu, the piecewise-linear ones) or an analytic one (tanh, gelu, swish, ...)",
+        )
+    for i, j in zip(rows, cols, strict=True):
         out[i, j] = out[j, i] = pair_expectation(act, float(roots[i]), float(roots[j]), float(c[i, j]))
     np.fill_diagonal(out, second)
     return out
