@@ -445,3 +445,46 @@ def test_too_many_pairs_to_integrate_are_refused():
     assert np.array_equal(tk.activation_token_kernel(k, act, max_integrated_pairs=66), out)
     # an analytic activation's series is enough however correlated the tokens
     assert tk.activation_token_kernel(k, get_activation("tanh"), max_integrated_pairs=0).shape == (12, 12)
+
+
+@pytest.mark.parametrize(
+    "name, params, tr", [ACTIVATIONS[5], ACTIVATIONS[6], ("leaky_relu", {"negative_slope": 0.1}, (0.8, 0.0, 1.4, 0.0))]
+)
+def test_direct_integration_agrees_with_the_closed_forms(name, params, tr):
+    """``pair_expectation`` (conditional Gaussian ramps, one-dimensional rule) against the closed
+    forms (Owen's T; the arc-cosine kernel), pair by pair."""
+    from sigprop.engine.token_activation import pair_expectation
+
+    act = build(name, params, tr)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 3)) * rng.uniform(0.4, 2.0, (5, 1))
+    k = x @ x.T / 3
+    k[4, :4] = k[:4, 4] = 0.9995 * k[3, :4] * math.sqrt(k[4, 4] / k[3, 3])  # token 4 nearly token 3
+    k[4, 3] = k[3, 4] = 0.9995 * math.sqrt(k[3, 3] * k[4, 4])
+    closed = tk.activation_token_kernel(k, act)
+    q = np.diag(k)
+    for i in range(5):
+        for j in range(i + 1, 5):
+            c = k[i, j] / math.sqrt(q[i] * q[j])
+            assert closed[i, j] == pytest.approx(pair_expectation(act, math.sqrt(q[i]), math.sqrt(q[j]), c), abs=1e-11)
+
+
+def test_a_long_leaky_relu_espa_stack_is_fast():
+    """T = 256 tokens through 72 E-SPA attention layers, each followed by TAT's Leaky ReLU (the
+    least of three tries: a busy machine's pauses are not the code's): about 0.4 s on one core of
+    the 2-core CI box, bounded at 2 s for a loaded one."""
+    import time
+
+    mats = tk.attention_matrices(tk.shaping_generators("e-spa", 72), 256, causal=True)
+    act = tk.answer_activation("leaky_relu", {"negative_slope": 0.9, "output_scale": math.sqrt(2 / 1.81)})
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        k = np.eye(256)
+        for a in mats:
+            k = tk.activation_token_kernel(tk.attention_token_kernel(k, a), act)
+        best = min(best, time.perf_counter() - start)
+        if best < 2.0:
+            break
+    assert best < 2.0, best
+    assert np.all(np.isfinite(k)) and k[0, 0] == pytest.approx(1.0)
