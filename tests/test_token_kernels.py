@@ -209,8 +209,14 @@ def test_layer_norm_is_the_normalization_of_each_tokens_features():
     assert np.allclose(tk.layer_norm_token_kernel(k, m), z @ z.T / 50, rtol=0, atol=1e-13)
     y = x - m[:, None]
     assert np.allclose(tk.layer_norm_token_kernel(y @ y.T / 50), z @ z.T / 50, atol=1e-13)
+    # a constant token (a zero one here) comes out as 0, as PyTorch's (x - mean) / sqrt(var + eps)
+    k0 = np.zeros((3, 3))
+    k0[:2, :2] = k[:2, :2]
+    out = tk.layer_norm_token_kernel(k0, np.array([m[0], m[1], 0.0]))
+    assert np.allclose(out[:2, :2], (z @ z.T / 50)[:2, :2], atol=1e-13)
+    assert np.all(out[2] == 0.0) and np.all(out[:, 2] == 0.0)
     with pytest.raises(ValueError):
-        tk.layer_norm_token_kernel(np.zeros((2, 2)))
+        tk.layer_norm_token_kernel(np.eye(2), np.array([2.0, 0.0]))
 
 
 # --------------------------------------------------------------------------- activations

@@ -312,13 +312,18 @@ def _piecewise_linear_kernel(k: np.ndarray, pl) -> np.ndarray:
     g_mean = jumps @ ramp_mean
     g_slope = jumps @ np.where(live[None, :], ndtr(-h), (xs < 0.0)[:, None].astype(float))
     out = b * b + b * (g_mean[:, None] + g_mean[None, :]) + s0 * s0 * k + s0 * k * (g_slope[:, None] + g_slope[None, :])
-    both = np.outer(live, live)
+    # E[g(u) g(v)] on the upper triangle only (the kernel is symmetric), then mirrored
+    rows, cols = np.triu_indices(len(sigma))
+    both = live[rows] & live[cols]
+    pairs = np.zeros(len(rows))
     for n, jn in enumerate(jumps.tolist()):
         for m, jm in enumerate(jumps.tolist()):
-            term = norm * _ramp_pair(h[n][:, None], h[m][None, :], rho)
+            term = norm[rows, cols] * _ramp_pair(h[n][rows], h[m][cols], rho[rows, cols])
             # a constant token (sigma = 0) is g(0) times the other token's E g: independent factors
-            term = np.where(both, term, ramp_mean[n][:, None] * ramp_mean[m][None, :])
-            out += jn * jm * term
+            pairs += jn * jm * np.where(both, term, ramp_mean[n][rows] * ramp_mean[m][cols])
+    upper = np.zeros_like(out)
+    upper[rows, cols] = pairs
+    out += upper + np.triu(upper, 1).T
     return 0.5 * (out + out.T)
 
 
