@@ -442,9 +442,9 @@ def test_degenerate_tokens(name, params, tr):
 
 
 def test_too_many_pairs_to_integrate_are_refused():
-    """ELU on E-SPA's strongly correlated tokens: every pair needs the direct integration."""
+    """Softsign on E-SPA's strongly correlated tokens: every pair needs the direct integration."""
     k = exp_kernel(0.01, 12)
-    act = get_activation("elu")
+    act = get_activation("softsign")
     out = tk.activation_token_kernel(k, act)
     with pytest.raises(SigpropError) as err:
         tk.activation_token_kernel(k, act, max_integrated_pairs=10)
@@ -506,3 +506,18 @@ def test_every_smooth_catalogue_activation_to_1e_10(name):
     for qi, qj, c in [(0.2, 5.0, 0.5), (1.0, 1.0, 0.99), (0.2, 0.25, 0.99999), (5.0, 4.0, 0.99999), (3.0, 0.5, -0.9)]:
         got = tk.activation_token_kernel(two_tokens(qi, qj, c), act)[0, 1]
         assert got == pytest.approx(quad_pair(act.fn, act.kinks, qi, qj, c * math.sqrt(qi * qj)), abs=1e-10)
+
+
+def test_elu_family_is_read_off_the_transformed_activation():
+    """ELU and SELU, however transformed (a negative input scale too), are P + Q E(a (x - x0))."""
+    from sigprop.engine.token_exponential import elu_family
+
+    for act in [
+        build(*ACTIVATIONS[1]),
+        get_activation("selu"),
+        transformed(get_activation("elu", alpha=0.5), -1.3, 0.2, 2.0, 0.4),
+    ]:
+        fam = elu_family(act)
+        x = np.linspace(-6, 6, 101)
+        assert fam is not None and np.allclose(fam(x), act.fn(x), rtol=1e-13, atol=1e-13)
+    assert elu_family(get_activation("tanh")) is None and elu_family(get_activation("elu", alpha=0.0)) is None
