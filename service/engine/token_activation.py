@@ -55,6 +55,8 @@ __all__ = [
 # a pair's series is summed directly when its truncation bound is below this, relative to
 # sqrt(E[phi(u)^2] E[phi(v)^2]); others are integrated
 TOLERANCE = 1e-12
+# the ELU family's closed form up to this standard deviation of its exponent (``activation_token_kernel``)
+TILT_LIMIT = 25.0
 # at most this many pairs integrated directly in one call (about 2 ms each; ``activation_token_kernel``)
 MAX_INTEGRATED_PAIRS = 4096
 SERIES_TERMS = 96
@@ -101,7 +103,9 @@ def activation_token_kernel(
     if pl is not None:
         return _piecewise_linear_kernel(k, pl)
     fam = elu_family(act)
-    if fam is not None:
+    # the tilts e^{m + s^2 / 2} times probabilities of order e^{-s^2 / 2}: both representable while
+    # the exponent's standard deviation s = |a| sqrt(K_ii) stays below TILT_LIMIT
+    if fam is not None and abs(fam.slope) * math.sqrt(float(np.max(np.diag(k)))) <= TILT_LIMIT:
         return elu_family_kernel(k, fam)
     return _series_kernel(k, act, tolerance, max_integrated_pairs)
 
