@@ -22,6 +22,7 @@ from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
+from .attention import ShapedAttention
 from .modules import NormalizedSum, TransformedActivation
 from .ops import NotYet, Unsupported, classify, describe, sequence_module
 from .traced import Entry, Extraction, Trace, TracedGraph
@@ -36,7 +37,7 @@ class _Tracer(torch.fx.Tracer):
     """Keeps sigprop's own modules as leaves, so an applied model can be extracted again."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if isinstance(m, (TransformedActivation, NormalizedSum)):
+        if isinstance(m, (TransformedActivation, NormalizedSum, ShapedAttention)):
             return True
         return super().is_leaf_module(m, qualname)
 

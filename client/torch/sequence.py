@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...schemas.errors import SigpropError
-from .attention import merge_heads, split_heads
+from .attention import ShapedAttention, merge_heads, split_heads
 from .extraction import _clean_id, _Extractor, _tensor_shape
 from .ops import describe
 from .traced import Entry, Extraction
@@ -92,7 +92,8 @@ class AttentionSite:
     causal: bool
     seq_len: int
     d_model: int  # width of the stream q, k, v read
-    module: nn.MultiheadAttention | None = None
+    module: nn.Module | None = None  # the nn.MultiheadAttention or ShapedAttention called, if any
+    linears: tuple = ()  # the Linear fx nodes q, k, v are cut from (sdpa sites)
 
 
 @dataclass
@@ -208,8 +209,11 @@ class _SiteReader:
         self.sites: dict = {}  # sdpa / MHA fx node -> dict(parts..., heads, causal)
         self.cuts: dict = {}  # Linear fx node -> {(lo, hi)}: the row ranges read as separate dense nodes
 
-    def head_source(self, sdpa: torch.fx.Node, x: torch.fx.Node, role: str) -> tuple[torch.fx.Node, int, int, int]:
-        """(Linear node, lo, hi, heads) of one head tensor of an sdpa call."""
+    def head_source(
+        self, sdpa: torch.fx.Node, x: torch.fx.Node, role: str, heads: int | None = None
+    ) -> tuple[torch.fx.Node, int, int, int]:
+        """(Linear node, lo, hi, heads) of one head tensor of an sdpa call (``heads`` given: a
+        ``[B, T, width]`` input of a ShapedAttention module, not split into heads)."""
         chain, cur, cut = [], x, None
         while _is_plumbing(cur):
             chain.append(cur)
@@ -235,6 +239,11 @@ class _SiteReader:
                 raise _refuse(sdpa, self.gm, f"its {role} is cut from '{cur.name}' along an axis other than features")
             lo, hi = found
         head = self.values[x]
+        if heads is not None:  # a ShapedAttention module's [B, T, width] input
+            if not torch.equal(head, out[..., lo:hi]):
+                raise _refuse(sdpa, self.gm, f"its {role} is not columns {lo}:{hi} of '{cur.name}'")
+            self.skip.update(chain)
+            return cur, lo, hi, heads
         heads = head.shape[1] if head.dim() == 4 else 0
         if heads < 1 or (hi - lo) % heads or not torch.equal(head, split_heads(out[..., lo:hi], heads)):
             raise _refuse(
@@ -262,14 +271,30 @@ class _SiteReader:
             return True
         raise _refuse(node, self.gm, "its attention mask is not the causal mask", "use is_causal=True or no mask")
 
-    def read_sdpa(self, node: torch.fx.Node) -> None:
+    def read_sdpa(self, node: torch.fx.Node, module: ShapedAttention | None = None) -> None:
+        """An F.scaled_dot_product_attention call, or (``module``) a ShapedAttention module call."""
         q, k, v = (_arg(node, i, n) for i, n in enumerate(("query", "key", "value")))
+        if module is not None:
+            found = [self.head_source(node, x, r, module.heads) for x, r in ((q, "query"), (k, "key"), (v, "value"))]
+            self.check_self_attention(node, found)
+            for lin, lo, hi, _ in found:
+                self.cuts.setdefault(lin, set()).add((lo, hi))
+            self.sites[node] = {"found": found, "heads": module.heads, "causal": module.causal, "merged": None}
+            return
         if float(_arg(node, 4, "dropout_p", 0.0) or 0.0) != 0.0:
             raise _refuse(node, self.gm, "attention dropout (dropout_p > 0)", "use dropout_p=0.0")
         if _arg(node, 6, "scale") is not None or _arg(node, 7, "enable_gqa", False):
             raise _refuse(node, self.gm, "a custom softmax scale or grouped-query attention", "use the defaults")
         causal = bool(_arg(node, 5, "is_causal", False)) or self.causal_mask(node, _arg(node, 3, "attn_mask"))
         found = [self.head_source(node, x, role) for x, role in ((q, "query"), (k, "key"), (v, "value"))]
+        self.check_self_attention(node, found)
+        merged = self.merged_output(node, found[0][3])
+        for lin, lo, hi, _ in found:
+            self.cuts.setdefault(lin, set()).add((lo, hi))
+        self.sites[node] = {"found": found, "heads": found[0][3], "causal": causal, "merged": merged}
+        self.alias[merged] = node
+
+    def check_self_attention(self, node: torch.fx.Node, found: list) -> None:
         sources = {f[0].args[0] for f in found}
         if len(sources) != 1:
             raise _refuse(
@@ -281,11 +306,6 @@ class _SiteReader:
         heads = {f[3] for f in found}
         if len(heads) != 1 or found[0][2] - found[0][1] != found[1][2] - found[1][1]:
             raise _refuse(node, self.gm, "its query, key and value differ in heads or q and k in width")
-        merged = self.merged_output(node, found[0][3])
-        for lin, lo, hi, _ in found:
-            self.cuts.setdefault(lin, set()).add((lo, hi))
-        self.sites[node] = {"found": found, "heads": found[0][3], "causal": causal, "merged": merged}
-        self.alias[merged] = node
 
     def merged_output(self, node: torch.fx.Node, heads: int) -> torch.fx.Node:
         """The node whose value is the sdpa output merged back to ``[B, T, heads * d_head]``."""
@@ -343,6 +363,8 @@ def read_sites(gm: torch.fx.GraphModule, values: dict) -> _SiteReader:
             reader.read_sdpa(node)
         elif node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.MultiheadAttention):
             reader.read_mha(node, gm.get_submodule(node.target))
+        elif node.op == "call_module" and isinstance(gm.get_submodule(node.target), ShapedAttention):
+            reader.read_sdpa(node, gm.get_submodule(node.target))
     for lin, cuts in reader.cuts.items():
         whole = (0, reader.values[lin].shape[-1])
         if cuts != {whole}:
@@ -405,6 +427,8 @@ class _SequenceExtractor(_Extractor):
             m = gm.get_submodule(node.target)
             if isinstance(m, nn.MultiheadAttention):
                 return self.add_mha(node, m)
+            if isinstance(m, ShapedAttention):
+                return self.add_sdpa(node, m)
             if isinstance(m, nn.Linear) and len(_tensor_shape(node) or ()) == 3:
                 return self.add_linear(node, m)
             if isinstance(m, nn.LayerNorm):
@@ -451,19 +475,32 @@ class _SequenceExtractor(_Extractor):
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         return self.new_id(parent if parent and _clean_id(parent) not in self.used_ids else fallback)
 
-    def add_sdpa(self, node: torch.fx.Node) -> None:
+    def add_sdpa(self, node: torch.fx.Node, module: ShapedAttention | None = None) -> None:
+        """An sdpa call (id: the q Linear's parent path) or a ShapedAttention module (id: its path)."""
         site = self.reader.sites[node]
         shape = _tensor_shape(node)
         self.shapes[node] = shape
         found = site["found"]
         ins = [self.part_gid[(lin, lo, hi)] for lin, lo, hi, _ in found]
-        gid = self.attention_id(found[0][0].target, node.name)
+        gid = self.new_id(node.target) if module is not None else self.attention_id(found[0][0].target, node.name)
         self.value[node] = gid
         self.emit(node, gid, "attention", ins, {"heads": site["heads"], "causal": site["causal"]})
         src = found[0][0].args[0]
         parts = tuple(self.parts[g] for g in ins)
         t, d = self.shapes[src][1], self.shapes[src][2]
-        self.sites[gid] = AttentionSite(gid, node, site["merged"], parts, src, site["heads"], site["causal"], t, d)
+        self.sites[gid] = AttentionSite(
+            gid,
+            node,
+            site["merged"],
+            parts,
+            src,
+            site["heads"],
+            site["causal"],
+            t,
+            d,
+            module,
+            tuple(f[0] for f in found),
+        )
 
     def add_mha(self, node: torch.fx.Node, m: nn.MultiheadAttention) -> None:
         site = self.reader.sites[node]
