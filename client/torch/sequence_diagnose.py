@@ -236,7 +236,7 @@ def _judge(diag: TokenKernelDiagnosis) -> None:
     cause = (
         "the output's q is off too: an initialization not applied (a Linear the answer does not list, a LayerNorm "
         "or activation left as it was) or an input not at q = 1"
-        if abs(np.diag(diag.error)).max() > FLAG_SIGMAS * np.diag(diag.noise).max() + SLACK
+        if np.diag(diag.flagged).any()
         else "the correlations are off with q right: the attention matrices (bias, queries not zero) or the "
         "activation's transformation"
     )
