@@ -338,3 +338,17 @@ def test_diagnose_of_one_applied_sequence_model_states_its_noise():
     assert rows["b0.q"].op == "query" and rows["b0.q"].q_measured == 0.0
     assert abs(rows["b0.attn"].q_measured - 1.0) < 1e-4  # orthogonal k/v of orthonormal tokens, E-SPA rows
     assert "output token kernel" in str(diag)
+
+
+def test_the_gpt_shaping_example_runs(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "gpt_shaping.py"
+    spec = importlib.util.spec_from_file_location("gpt_shaping", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(depth=2, seq_len=8, width=32, heads=2, eta=0.3)
+    out = capsys.readouterr().out
+    assert "ShapedAttention(heads=2, causal=True), cholesky_ratio" in out and "output token kernel" in out
+    assert "0 of 64 entries off" in out, out
