@@ -277,6 +277,21 @@ def test_apply_installs_the_answer_attention_matrices(make, shaping):
         assert torch.allclose(_measured_matrix(mod, q, k, 8).double(), torch.as_tensor(want), atol=1e-5)
 
 
+@pytest.mark.parametrize("shaping", ["value-skipinit", "shaped"])
+def test_value_skipinit_and_shaped_attention_are_the_identity_at_init(shaping):
+    model = GPT(depth=1)
+    x = torch.randn(2, 8, 16)
+    graph = graph_from_module(model, x)
+    sol = _solve(graph, shaping)
+    rep = apply(model, sol, graph=graph, example_input=x, seed=0)
+    mod, q, k = _captured(rep.model, rep.model.sigprop_sequence["attention"]["blocks.0"])
+    assert mod.alpha.requires_grad == mod.beta.requires_grad == (shaping == "value-skipinit")
+    assert bool(mod.shaped) == (shaping == "shaped") and mod.d_model == 16
+    exact = torch.count_nonzero(q) == 0  # the answer zeroes the queries (shaped: at infinite width only)
+    got = _measured_matrix(mod, q, k, 8)
+    assert torch.allclose(got, torch.eye(8), atol=1e-6 if exact else 0.1), got
+
+
 def test_apply_resets_layer_norms_and_refuses_in_place():
     model = GPT(depth=1, norms=True)
     with torch.no_grad():
