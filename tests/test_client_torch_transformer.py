@@ -187,6 +187,12 @@ def test_layer_norms_and_multihead_attention_are_read():
     ]
     assert g["nodes"][4]["causal"] is True
     assert graph_from_module(MHA(causal=False), torch.randn(2, 8, 16))["nodes"][4]["causal"] is False
+    blocked = MHA(causal=False)
+    blocked.mask = torch.ones(8, 8, dtype=torch.bool).triu(1)  # nn.MultiheadAttention: True = may not attend
+    assert graph_from_module(blocked, torch.randn(2, 8, 16))["nodes"][4]["causal"] is True
+    blocked.mask = ~blocked.mask  # that is sdpa's convention: not the causal mask here
+    with pytest.raises(SigpropError, match="not the causal mask"):
+        graph_from_module(blocked, torch.randn(2, 8, 16))
 
 
 def test_the_template_model_has_the_template_ids():
@@ -212,6 +218,16 @@ class _Raw(nn.Module):  # attention on the input itself: q, k, v are no dense la
         return F.scaled_dot_product_attention(_heads(x, 2), _heads(x, 2), _heads(x, 2)).transpose(1, 2).flatten(2)
 
 
+class _Shared(nn.Module):  # one Linear output as query, key and value
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = _heads(self.qkv(x), 2)
+        return F.scaled_dot_product_attention(h, h, h).transpose(1, 2).flatten(2)
+
+
 class _Flat(nn.Module):
     def __init__(self):
         super().__init__()
@@ -226,6 +242,7 @@ class _Flat(nn.Module):
     [
         (_Cross(), "cross-attention"),
         (_Raw(), "not by an nn.Linear"),
+        (_Shared(), "are the same Linear output"),
         (_Flat(), "a flatten in a sequence model"),
         (nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), "TransformerEncoderLayer: attention"),
     ],
