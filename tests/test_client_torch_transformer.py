@@ -371,6 +371,8 @@ def test_diagnose_of_one_applied_sequence_model_states_its_noise():
     assert rows["b0.q"].op == "query" and rows["b0.q"].q_measured == 0.0
     assert abs(rows["b0.attn"].q_measured - 1.0) < 1e-4  # orthogonal k/v of orthonormal tokens, E-SPA rows
     assert "output token kernel" in str(diag)
+    with pytest.raises(ValueError, match="needs the model apply"):
+        diagnose(model, sol, x)  # not applied: no answer matrices to diagnose
 
 
 def test_the_gpt_shaping_example_runs(capsys):
