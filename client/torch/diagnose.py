@@ -30,6 +30,7 @@ from ..pairs import PAIR_SEED_OFFSET
 from ..solution import as_solution
 from .extraction import extract
 from .modules import TransformedActivation
+from .sequence import SequenceExtraction
 from .traced import recall
 
 __all__ = ["diagnose", "input_pair"]
@@ -153,13 +154,27 @@ def diagnose(
     than ``FLAG_SIGMAS`` of it is ``flagged``, and ``.warnings`` (printed under the table) names the
     first such node with its likely cause: the activation not swapped in, the layer not
     initialized by the answer, an op outside the graph, a BatchNorm left in. ``.ok`` is False then.
+
+    A sequence model ``apply`` rewrote is diagnosed by its output token kernel instead
+    (:func:`~sigprop.client.torch.sequence_diagnose.diagnose_tokens`: ``example_input`` and
+    ``input_c`` are not used; pass several applied networks to ``diagnose_tokens`` for measured
+    standard errors).
     """
+    if getattr(model, "sigprop_sequence", None) is not None:  # apply's rewrite of a sequence model
+        from .sequence_diagnose import diagnose_tokens
+
+        return diagnose_tokens(model, solution, seed=seed)
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     kept = recall(model, x1)  # what apply kept of the model it returned, with the solved graph's ids
     ext = (
         kept.bind(model) if kept is not None else extract(model, x1, allow_unsupported=True, keep_fn=False, warn=False)
     )
+    if isinstance(ext, SequenceExtraction):
+        raise ValueError(
+            "diagnose of a sequence model needs the model apply() returned (report.model): its attention "
+            "modules carry the answer's matrices; apply the answer first"
+        )
     unmodelled = {e.gid for e in ext.entries.values() if e.unsupported}
     one_channel = x1.dim() > 2 and x1.shape[1] == 1
     predicted = predict(
