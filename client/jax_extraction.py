@@ -38,6 +38,7 @@ _ELEMENTWISE = {
     "le", "lt", "eq", "ne", "convert_element_type", "atan", "asinh", "square", "copy", "copy_p", "not", "and",
     "or", "stop_gradient", "clamp", "sin", "cos", "cbrt", "reduce_precision",
 }  # fmt: skip
+_RESHAPES = {"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims"}
 _PROBE = np.concatenate([np.linspace(-6.0, 6.0, 121), [-0.01, 0.01, 0.3, -0.3]])
 _NOTE_SCALED = "the graph does not model a scale factor"
 
@@ -124,19 +125,28 @@ class _Walker:
         self.values[gid] = value
         return gid
 
-    def module_at(self) -> tuple[str, str] | None:
-        """(path, class name) of the innermost Flax module the current equation runs in."""
+    def modules_at(self) -> list[tuple[str, str]]:
+        """(path, class name) of the Flax modules the current equation runs in, outermost first."""
         parts = [p for p in self.scope.split("/") if p][1:]  # the first is the top module's class
         path: tuple = ()
+        out = []
         for p in parts:
             p = p.split("(")[-1].rstrip(")")  # jit(leaky_relu) and the like are not modules
             if path + (p,) not in self.module_types:
                 break
             path += (p,)
-        return ("/".join(path), self.module_types[path]) if path else None
+            out.append(("/".join(path), self.module_types[path]))
+        return out
+
+    def module_at(self) -> tuple[str, str] | None:
+        """(path, class name) of the innermost Flax module the current equation runs in."""
+        chain = self.modules_at()
+        return chain[-1] if chain else None
 
     def unsupported(self, why: str, hint: str = "") -> None:
-        at = self.module_at()
+        chain = self.modules_at()
+        # an attention module's own Dense layers are named by the attention module (the way out is its hint)
+        at = next((m for m in chain if "Attention" in m[1]), chain[-1] if chain else None)
         kind = at[1] if at else ""
         if at is None:
             where = "the Flax model's own code (its __call__, outside any submodule)"
@@ -218,6 +228,11 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
     ov = eqn.outvars[0]
     if prim in ("dot_general", "conv_general_dilated") and len(data) == 1 and isinstance(kinds[1], tuple):
         return _layer(w, eqn, data[0][0], kinds[1][1], out)
+    if w.sequence and len(data) == 1 and prim in _RESHAPES and np.shape(out) != np.shape(w.read(data[0][0])):
+        w.unsupported(
+            f"a {prim} of a token stream to shape {list(np.shape(out))} (attention heads split out by hand?)",
+            ATTENTION_HINT,
+        )
     if w.sequence and written_out_attention(eqn, len(data)):
         w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
         w.kind[ov] = _Net(w.resolve(data[0][0], prim, scaled_ok=True).node)

@@ -22,14 +22,24 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..schemas.attention_init import AttentionInit, mask_bias
+from ..schemas.attention_init import AttentionInit, expand_attention, mask_bias
 
-__all__ = ["COLLECTION", "core_name", "parse_core_name", "mixing_function", "install_init", "attention_matrix"]
+__all__ = [
+    "COLLECTION",
+    "core_name",
+    "parse_core_name",
+    "mixing_function",
+    "install_init",
+    "attention_matrix",
+    "answer_attention",
+    "install_answer_attention",
+]
 
 CORE_PREFIX = "sigprop_attention_"
 
@@ -161,3 +171,60 @@ def attention_matrix(shaping: Mapping, params: Mapping | None = None, seq_len: i
         causal,
     )
     return init.matrix()
+
+
+def answer_attention(sol) -> dict[str, dict]:
+    """Attention node id -> its generator, from an answer's ``attention.layers`` (empty without one)."""
+    att = getattr(sol, "attention", None)
+    if att is None:
+        return {}
+    layers = att.get("layers", []) if isinstance(att, Mapping) else att.layers
+    out = {}
+    for layer in layers:
+        node = layer["node"] if isinstance(layer, Mapping) else layer.node
+        gen = layer["generator"] if isinstance(layer, Mapping) else layer.generator
+        out[str(node)] = dict(gen)
+    return out
+
+
+def install_answer_attention(tree, generators: Mapping[str, dict], mapping: Mapping) -> tuple[Any, list, list, list]:
+    """``tree`` (a Flax variables dict) with each mapped attention node's generator installed in its
+    module's ``"shaping"`` variables (and ``"params"``' ``alpha`` / ``beta`` where trainable).
+
+    Returns ``(new_tree, installed, not_found, notes)``: ``installed`` holds ``(node id, module path,
+    AttentionInit)``, ``not_found`` ``(node id, path, why)``. The matrices are expanded for the
+    module's ``max_len`` (its stored bias): for causal attention their leading ``T x T`` block is the
+    answer's matrix for ``T`` tokens (the Cholesky factors of leading blocks are leading blocks)."""
+    from .jax_trees import _MISSING, _get, _set
+
+    installed, not_found, notes = [], [], []
+    new = tree
+    for gid, gen in generators.items():
+        if gid not in mapping:
+            continue
+        raw = mapping[gid]
+        path = tuple(p for p in raw.split("/") if p) if isinstance(raw, str) else tuple(raw)
+        shaping = _get(tree, (COLLECTION,) + path)
+        if shaping is _MISSING or not isinstance(shaping, Mapping) or "bias" not in shaping:
+            why = (
+                f"no '{COLLECTION}' variables at this path: pass the whole variables dict (params and "
+                f"'{COLLECTION}'), and use ShapedAttention there"
+            )
+            not_found.append((gid, path, why))
+            continue
+        n = int(np.shape(shaping["bias"])[0])
+        causal = bool(np.asarray(shaping["causal"]))
+        try:
+            init = expand_attention(gen, n, causal)
+            params = _get(tree, ("params",) + path)
+            params = params if isinstance(params, Mapping) else None
+            new_shaping, new_params, more = install_init(shaping, params, init)
+        except ValueError as exc:
+            not_found.append((gid, path, str(exc)))
+            continue
+        new = _set(new, (COLLECTION,) + path, new_shaping)
+        if new_params is not None and "alpha" in new_params:
+            new = _set(new, ("params",) + path, new_params)
+        notes.extend(f"attention {gid!r}: {m}" for m in more)
+        installed.append((gid, path, init))
+    return new, installed, not_found, notes
