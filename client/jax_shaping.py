@@ -104,6 +104,11 @@ def mixing_function(heads: int, causal: bool, d_model: int | None):
     return jax.jit(mix)
 
 
+def _f32(value) -> jax.Array:
+    """A float32 device array, converted on the host (no compiled conversion per leaf)."""
+    return jnp.asarray(np.asarray(value, np.float32))
+
+
 def _is_value_skipinit(init: AttentionInit) -> bool:
     """The torch module's rule: no centring, a uniform scale and the plain mask as bias."""
     plain = mask_bias(init.bias.shape[0], init.causal)
@@ -127,26 +132,24 @@ def install_init(shaping: Mapping, params: Mapping | None, init: AttentionInit) 
     notes = []
     vsi = _is_value_skipinit(init)
     new = dict(shaping)
-    new["bias"] = jnp.asarray(init.bias, jnp.float32)
-    new["centre"] = jnp.asarray(init.centre, jnp.float32)
-    new["temperature"] = jnp.asarray(init.temperature, jnp.float32)
-    new["shaped"] = jnp.asarray(init.centre != 0.0)
+    new["bias"] = _f32(init.bias)
+    new["centre"] = _f32(init.centre)
+    new["temperature"] = _f32(init.temperature)
+    new["shaped"] = jnp.asarray(np.bool_(init.centre != 0.0))
     if vsi:
-        new["identity"] = jnp.ones((), jnp.float32)
-        new["scale"] = jnp.ones((n,), jnp.float32)
+        new["identity"] = _f32(1.0)
+        new["scale"] = _f32(np.ones(n))
         alpha, beta = float(init.identity), float(init.scale[0])
     else:
-        new["identity"] = jnp.asarray(init.identity, jnp.float32)
-        new["scale"] = jnp.asarray(init.scale, jnp.float32)
+        new["identity"] = _f32(init.identity)
+        new["scale"] = _f32(init.scale)
         alpha = beta = 1.0
     trainable = params is not None and "alpha" in params
     new_params = None if params is None else dict(params)
     if trainable:
-        new_params["alpha"] = jnp.asarray(alpha, jnp.float32)
-        new_params["beta"] = jnp.asarray(beta, jnp.float32)
+        new_params["alpha"], new_params["beta"] = _f32(alpha), _f32(beta)
     else:
-        new["alpha"] = jnp.asarray(alpha, jnp.float32)
-        new["beta"] = jnp.asarray(beta, jnp.float32)
+        new["alpha"], new["beta"] = _f32(alpha), _f32(beta)
         if vsi:
             notes.append(
                 "Value-SkipInit's alpha and beta are installed but frozen (in 'shaping'): build "

@@ -21,6 +21,7 @@ from sigprop.client import jax as sjax  # noqa: E402
 from sigprop.client.jax_attention import ShapedAttention  # noqa: E402
 from sigprop.client.jax_extraction import extract_flax  # noqa: E402
 from sigprop.client.jax_shaping import attention_matrix, install_init  # noqa: E402
+from sigprop.client.jax_token_diagnose import TokenKernelDiagnosis, measure_token_kernel, orthonormal_tokens  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.attention_init import expand_attention  # noqa: E402
 
@@ -266,3 +267,125 @@ def test_attention_the_graph_cannot_express_is_refused_with_the_way_out():
     with pytest.raises(SigpropError) as info:
         sjax.graph_from_flax(_Cross(), x)
     assert "Dense layers of one input" in info.value.message and info.value.code == "unsupported_op"
+
+
+# -- solve, apply, diagnose (engine in-process) ------------------------------------------------------------
+
+
+def _solve(graph: dict, shaping: str = "e-spa", eta: float = 0.3, **parameters):
+    from sigprop.engine.solve import solve
+    from sigprop.schemas.solve import SolveRequest
+
+    request = SolveRequest(
+        graph=graph,
+        method="tat",
+        activation="leaky_relu",
+        targets={"eta": eta},
+        attention={"shaping": shaping, **parameters},
+    )
+    return solve(request)
+
+
+def _template(depth: int, seq_len: int, width: int, heads: int, **switches) -> dict:
+    return {"template": "transformer", "depth": depth, "seq_len": seq_len, "width": width, "heads": heads, **switches}
+
+
+def _template_mapping(sol) -> dict:
+    """Template ids ``b0.q`` -> the Flax GPT's module paths ``("b0", "q")``."""
+    ids = [layer.id for layer in sol.layers] + [a.node for a in sol.attention.layers]
+    return {gid: tuple(gid.split(".")) for gid in ids}
+
+
+def _networks_kernel(model, variables, sol, mapping, x, networks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over ``networks`` re-initializations of each one's output token kernel, and its standard error."""
+    kernels = []
+    for seed in range(networks):
+        applied, report = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(100 + seed))
+        assert report.ok, str(report)
+        kernels.append(measure_token_kernel(model, applied, x)[0])
+    kernels = np.array(kernels)
+    return kernels.mean(axis=0), kernels.std(axis=0, ddof=1) / np.sqrt(networks)
+
+
+@pytest.mark.parametrize("norms,shortcuts", [(False, False), (True, True)])
+def test_the_extracted_graph_solves_to_the_templates_answer(norms, shortcuts):
+    """The Flax GPT is the template's network: the same attention generators and output token kernel."""
+    model = GPT(depth=2, norms=norms, shortcuts=shortcuts)
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 16))
+    graph, mapping = sjax.graph_from_flax(model, x)
+    ours, template = _solve(graph), _solve(_template(2, 8, 16, 2, norms=norms, shortcuts=shortcuts))
+    assert [a.generator for a in ours.attention.layers] == [a.generator for a in template.attention.layers]
+    assert [a.node for a in ours.attention.layers] == ["b0/attn", "b1/attn"]
+    np.testing.assert_allclose(ours.token_kernel.output, template.token_kernel.output, atol=1e-6)  # root tolerance
+    assert ours.activation == template.activation and ours.output_scale == pytest.approx(template.output_scale)
+    assert set(mapping) >= {layer.id for layer in ours.layers} | {a.node for a in ours.attention.layers}
+
+
+def test_apply_installs_the_answer_and_the_output_token_kernel_is_the_prediction():
+    t, width, networks = 8, 64, 4
+    x = jnp.asarray(orthonormal_tokens(8, t, width))
+    graph, mapping = sjax.graph_from_flax(GPT(depth=2, width=width, heads=2, seq_len=t), x)
+    sol = _solve(graph, "e-spa", final_gamma=0.3)
+    model = GPT(depth=2, width=width, heads=2, seq_len=t, act=sjax.transformed_activation(sol))
+    variables = model.init(jax.random.PRNGKey(0), x)
+    applied, report = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(1))
+    assert report.ok, str(report)
+    assert sorted(c.layer_id for c in report.changed if c.role == "attention") == ["b0/attn", "b1/attn"]
+    for layer in sol.attention.layers:
+        module = mapping[layer.node]
+        want = expand_attention(layer.generator, t, True).matrix()
+        np.testing.assert_allclose(attention_matrix(applied["shaping"][module[0]][module[1]]), want, atol=1e-6)
+        assert not np.any(np.asarray(applied["params"][module[0]]["q"]["kernel"]))  # zero queries
+    assert np.any(np.asarray(applied["params"]["b0"]["k"]["kernel"]))
+    diag = sjax.diagnose(model.bind(applied), sol, x)
+    assert isinstance(diag, TokenKernelDiagnosis) and diag.examples == 8
+    np.testing.assert_allclose(diag.predicted, sol.token_kernel.output)
+    assert "max |measured - predicted|" in str(diag)
+    # four networks: within 3 standard errors (+ 0.05 at this small width) of the prediction ...
+    mean, se = _networks_kernel(model, variables, sol, mapping, x, networks)
+    predicted = np.asarray(sol.token_kernel.output)
+    assert np.all(np.abs(mean - predicted) <= 3 * se + 0.05), np.max(np.abs(mean - predicted) - 3 * se)
+    assert predicted.min() < 0.8  # a kernel with structure (final_gamma 0.3), not a constant
+    # ... which the answer's weights with plain attention (the module's default state) miss by far
+    plain = dict(applied, shaping=variables["shaping"])
+    off = np.abs(measure_token_kernel(model, plain, x)[0] - predicted).max()
+    assert off > 0.3, off
+
+
+def test_apply_without_the_shaping_collection_says_what_to_pass():
+    x = jnp.ones((2, 8, 16))
+    model = GPT(depth=1)
+    variables = model.init(jax.random.PRNGKey(0), x)
+    graph, mapping = sjax.graph_from_flax(model, x, variables)
+    sol = _solve(graph, "u-spa")
+    params, report = sjax.apply_to_params(variables["params"], sol, mapping, jax.random.PRNGKey(0))
+    assert not report.ok and len(report.not_found) == 1
+    gid, path, why = report.not_found[0]
+    assert gid == "b0/attn" and path == ("b0", "attn") and "whole variables dict" in why
+
+
+SLOW_CASES = [
+    ("e-spa", {"final_gamma": 0.3}, {}),
+    ("u-spa", {"final_rho": 0.5}, {}),
+    ("e-spa", {}, {"norms": True, "shortcuts": True}),
+    ("value-skipinit", {}, {}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shaping,parameters,switches", SLOW_CASES)
+def test_monte_carlo_the_templates_output_token_kernel(shaping, parameters, switches):
+    """The done-when check (issue 28) in Flax: the ``transformer`` template (T = 16, 4 blocks, width 256,
+    causal, TAT leaky_relu) solved, applied to a Flax GPT built for it, 8 networks: the mean output
+    token kernel within 3 standard errors + 0.02 of ``token_kernel.output``, entry by entry."""
+    t, depth, width, heads, networks = 16, 4, 256, 4, 8
+    sol = _solve(_template(depth, t, width, heads, **switches), shaping, **parameters)
+    model = GPT(depth=depth, width=width, heads=heads, seq_len=t, act=sjax.transformed_activation(sol),
+                value_skipinit=shaping == "value-skipinit", **switches)  # fmt: skip
+    x = jnp.asarray(orthonormal_tokens(8, t, width))
+    variables = model.init(jax.random.PRNGKey(0), x)
+    mean, se = _networks_kernel(model, variables, sol, _template_mapping(sol), x, networks)
+    predicted = np.asarray(sol.token_kernel.output)
+    err = np.abs(mean - predicted)
+    print(f"{shaping} {switches}: max |error| {err.max():.4f}, max |error| / SE {(err / se).max():.2f}")
+    assert np.all(err <= 3 * se + 0.02), (err - 3 * se).max()
