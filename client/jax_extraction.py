@@ -233,6 +233,9 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
             f"a {prim} of a token stream to shape {list(np.shape(out))} (attention heads split out by hand?)",
             ATTENTION_HINT,
         )
+        src = w.resolve(data[0][0], prim, scaled_ok=True)
+        w.kind[ov] = _Net(src.node, src.factor)
+        return None
     if w.sequence and written_out_attention(eqn, len(data)):
         w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
         w.kind[ov] = _Net(w.resolve(data[0][0], prim, scaled_ok=True).node)
