@@ -25,6 +25,7 @@ from ..solution import as_solution
 from .calibrate import calibrate_model
 from .extraction import Entry, Extraction, extract
 from .modules import NormalizedSum, TransformedActivation
+from .sequence import SequenceExtraction
 from .traced import Trace, applied_extraction, remember, trace_of
 
 __all__ = ["apply", "ApplyReport", "ActivationChange", "LayerChange", "SumChange", "Calibration"]
@@ -497,6 +498,35 @@ def _refuse_in_place(rw: _Rewrite) -> None:
     )
 
 
+def _apply_sequence(model, solution, graph, example_input, inplace, seed, residual) -> ApplyReport:
+    from .sequence_apply import apply_sequence  # builds on this module's steps
+
+    return apply_sequence(
+        model,
+        solution,
+        graph=graph,
+        example_input=example_input,
+        inplace=inplace,
+        seed=seed,
+        residual=residual,
+        extract=extract,
+        example_from_graph=_example_from_graph,
+        report_uncovered=_report_uncovered,
+    )
+
+
+def _is_sequence_graph(graph) -> bool:
+    from .sequence_apply import is_sequence_graph
+
+    return is_sequence_graph(graph)
+
+
+def _answer_part(solution, key: str):
+    from .sequence_apply import answer_part
+
+    return answer_part(solution, key)
+
+
 def apply(
     model: nn.Module,
     solution,
@@ -546,6 +576,8 @@ def apply(
     if residual not in ("graph", "recommended"):
         raise ValueError(f"residual must be 'graph' or 'recommended', not {residual!r}")
     sol = as_solution(solution)
+    if _is_sequence_graph(graph) or _answer_part(solution, "attention"):
+        return _apply_sequence(model, solution, graph, example_input, inplace, seed, residual)
     target = copy.deepcopy(model)
     measure_on = example_input if calibrate else None
     kept = trace_of(graph, model, example_input)  # graph_from_module's trace of this model, if it still fits
@@ -557,6 +589,8 @@ def apply(
                 raise ValueError("apply needs example_input or the graph the answer was solved for")
             example_input = _example_from_graph(dict(graph), target)
         ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
+        if isinstance(ext, SequenceExtraction):  # no graph given: the model says it is a sequence model
+            return _apply_sequence(model, solution, graph, example_input, inplace, seed, residual)
     traced_names = {n.name for n in ext.gm.graph.nodes}
     report = ApplyReport(model=ext.gm, method=sol.method, activation=sol.activation, residual=residual)
     report.warnings.extend(f"not applied: {w}" for w in ext.warnings)

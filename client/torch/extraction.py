@@ -22,6 +22,7 @@ from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
+from .attention import ShapedAttention
 from .modules import NormalizedSum, TransformedActivation
 from .ops import NotYet, Unsupported, classify, describe, sequence_module
 from .traced import Entry, Extraction, Trace, TracedGraph
@@ -36,7 +37,7 @@ class _Tracer(torch.fx.Tracer):
     """Keeps sigprop's own modules as leaves, so an applied model can be extracted again."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if isinstance(m, (TransformedActivation, NormalizedSum)):
+        if isinstance(m, (TransformedActivation, NormalizedSum, ShapedAttention)):
             return True
         return super().is_leaf_module(m, qualname)
 
@@ -284,7 +285,11 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
             "give a batched input: [batch, features], [batch, channels, length] or [batch, channels, height, width]",
         )
     _refuse_sequence_modules(model)
-    gm = _trace(model)
+    try:
+        gm = _trace(model)
+    except SigpropError:
+        _refuse_attention_by_name(model)  # a trace error inside HuggingFace code would not say what is wrong
+        raise
     # forward's first argument is the network input; further arguments must have defaults
     # (e.g. mask=None) and are left at them
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -296,6 +301,12 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
             "the graph has one input: wrap the model so forward takes one tensor",
         )
     _run_shape_prop(gm, example_input)
+    from .sequence import extract_sequence, is_sequence_trace  # sequence builds on this module's walker
+
+    if is_sequence_trace(gm, example_input):
+        ext = extract_sequence(gm, example_input, allow_unsupported, keep_fn, warn)
+        _check_graph(ext.graph, {})
+        return ext
     walker = _Extractor(gm, allow_unsupported, keep_fn, warn)
     graph = walker.run(placeholders[0])
     _check_graph(graph, walker.entries)
@@ -303,15 +314,29 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
 
 
 def _refuse_sequence_modules(model: nn.Module) -> None:
-    """Attention and Transformer blocks, refused by name before tracing: torch.fx cannot trace
-    nn.TransformerEncoderLayer (control flow on tensors) and HuggingFace models fail inside their
-    own code, so the trace's error would not say what is wrong."""
+    """torch's Transformer blocks, refused by type before tracing: torch.fx cannot trace
+    nn.TransformerEncoderLayer (control flow on tensors), so the trace's error would not say what
+    is wrong. (nn.MultiheadAttention and F.scaled_dot_product_attention are read by
+    ``sequence``.)"""
+    for name, m in model.named_modules():
+        what = None if isinstance(m, nn.MultiheadAttention) else sequence_module(m, by_name=False)
+        if what is not None:
+            raise SigpropError(
+                "unsupported_op",
+                f"module '{name or type(model).__name__}' ({what}) is not supported yet",
+                NotYet("").hint,
+            )
+
+
+def _refuse_attention_by_name(model: nn.Module) -> None:
+    """After a failed trace: a module class named ``*Attention*`` (HuggingFace's GPT2Attention,
+    BertSelfAttention) is what fx could not trace, refused by name."""
     for name, m in model.named_modules():
         what = sequence_module(m, by_name=bool(name))  # the model's own class name is the user's choice
         if what is not None:
             raise SigpropError(
                 "unsupported_op",
-                f"module '{name or type(model).__name__}' ({what}) is not supported yet",
+                f"module '{name or type(model).__name__}' ({what}) is not supported yet: torch.fx cannot trace it",
                 NotYet("").hint,
             )
 
