@@ -50,8 +50,10 @@ def diagnose(
     ``calibrations``: ``apply_to_params``'s ``report.calibrations``, marked on their rows.
 
     A sequence input ``[B, T, D]`` gets the sequence model's check instead: the output token kernel
-    measured on B sequences of orthonormal tokens against the answer's ``token_kernel.output``
-    (:func:`sigprop.client.jax_token_diagnose.diagnose_tokens`, a ``TokenKernelDiagnosis``)."""
+    measured on B sets of orthonormal tokens against the answer's ``token_kernel.output``, for one
+    network or a list of them (the same model applied with different keys): a
+    ``sigprop.client.token_diagnosis.TokenKernelDiagnosis``
+    (:func:`sigprop.client.jax_token_diagnose.diagnose_tokens`)."""
     if jnp.ndim(example_input) == 3:
         return diagnose_tokens(model, solution, example_input, seed=seed)
     module, variables = model if isinstance(model, tuple) else model.unbind()

@@ -21,7 +21,7 @@ from sigprop.client import jax as sjax  # noqa: E402
 from sigprop.client.jax_attention import ShapedAttention  # noqa: E402
 from sigprop.client.jax_extraction import extract_flax  # noqa: E402
 from sigprop.client.jax_shaping import attention_matrix, install_init  # noqa: E402
-from sigprop.client.jax_token_diagnose import TokenKernelDiagnosis, measure_token_kernel, orthonormal_tokens  # noqa: E402
+from sigprop.client.token_diagnosis import TokenKernelDiagnosis, orthonormal_tokens  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.attention_init import expand_attention  # noqa: E402
 
@@ -297,15 +297,14 @@ def _template_mapping(sol) -> dict:
     return {gid: tuple(gid.split(".")) for gid in ids}
 
 
-def _networks_kernel(model, variables, sol, mapping, x, networks: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over ``networks`` re-initializations of each one's output token kernel, and its standard error."""
-    kernels = []
+def _applied(model, variables, sol, mapping, networks: int) -> list:
+    """``networks`` re-initializations of the model by the answer, bound."""
+    out = []
     for seed in range(networks):
         applied, report = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(100 + seed))
         assert report.ok, str(report)
-        kernels.append(measure_token_kernel(model, applied, x)[0])
-    kernels = np.array(kernels)
-    return kernels.mean(axis=0), kernels.std(axis=0, ddof=1) / np.sqrt(networks)
+        out.append(model.bind(applied))
+    return out
 
 
 @pytest.mark.parametrize("norms,shortcuts", [(False, False), (True, True)])
@@ -324,7 +323,7 @@ def test_the_extracted_graph_solves_to_the_templates_answer(norms, shortcuts):
 
 def test_apply_installs_the_answer_and_the_output_token_kernel_is_the_prediction():
     t, width, networks = 8, 64, 4
-    x = jnp.asarray(orthonormal_tokens(8, t, width))
+    x = jnp.asarray(orthonormal_tokens(8, t, width), jnp.float32)
     graph, mapping = sjax.graph_from_flax(GPT(depth=2, width=width, heads=2, seq_len=t), x)
     sol = _solve(graph, "e-spa", final_gamma=0.3)
     model = GPT(depth=2, width=width, heads=2, seq_len=t, act=sjax.transformed_activation(sol))
@@ -338,19 +337,23 @@ def test_apply_installs_the_answer_and_the_output_token_kernel_is_the_prediction
         np.testing.assert_allclose(attention_matrix(applied["shaping"][module[0]][module[1]]), want, atol=1e-6)
         assert not np.any(np.asarray(applied["params"][module[0]]["q"]["kernel"]))  # zero queries
     assert np.any(np.asarray(applied["params"]["b0"]["k"]["kernel"]))
-    diag = sjax.diagnose(model.bind(applied), sol, x)
-    assert isinstance(diag, TokenKernelDiagnosis) and diag.examples == 8
-    np.testing.assert_allclose(diag.predicted, sol.token_kernel.output)
-    assert "max |measured - predicted|" in str(diag)
-    # four networks: within 3 standard errors (+ 0.05 at this small width) of the prediction ...
-    mean, se = _networks_kernel(model, variables, sol, mapping, x, networks)
+    one = sjax.diagnose(model.bind(applied), sol, x)
+    assert isinstance(one, TokenKernelDiagnosis) and one.networks == 1 and one.noise_source == "stated"
+    np.testing.assert_allclose(one.predicted, sol.token_kernel.output)
+    q = {n.id: n for n in one.nodes}
+    assert q["b0/q"].op == "query" and q["b0/q"].q_measured == 0.0 and q["b1/fc2"].q_predicted == 1.0
+    assert abs(q["b0/fc1"].q_measured - 1.0) < 0.15  # the first dense layer after attention's rescaling D
+    assert "max |measured - predicted|" in str(one)
+    # four networks: within 3 standard errors + 0.02 of the prediction, entry by entry ...
+    nets = _applied(model, variables, sol, mapping, networks)
+    diag = sjax.diagnose(nets, sol, x)
+    assert diag.noise_source == "networks" and diag.ok, str(diag)
     predicted = np.asarray(sol.token_kernel.output)
-    assert np.all(np.abs(mean - predicted) <= 3 * se + 0.05), np.max(np.abs(mean - predicted) - 3 * se)
     assert predicted.min() < 0.8  # a kernel with structure (final_gamma 0.3), not a constant
     # ... which the answer's weights with plain attention (the module's default state) miss by far
-    plain = dict(applied, shaping=variables["shaping"])
-    off = np.abs(measure_token_kernel(model, plain, x)[0] - predicted).max()
-    assert off > 0.3, off
+    plain = [(model, dict(net.unbind()[1], shaping=variables["shaping"])) for net in nets]
+    plain = sjax.diagnose(plain, sol, x)
+    assert not plain.ok and plain.max_error > 0.3 and "off their prediction" in plain.warnings[0], str(plain)
 
 
 def test_apply_without_the_shaping_collection_says_what_to_pass():
@@ -383,10 +386,9 @@ def test_monte_carlo_the_templates_output_token_kernel(shaping, parameters, swit
     sol = _solve(_template(depth, t, width, heads, **switches), shaping, **parameters)
     model = GPT(depth=depth, width=width, heads=heads, seq_len=t, act=sjax.transformed_activation(sol),
                 value_skipinit=shaping == "value-skipinit", **switches)  # fmt: skip
-    x = jnp.asarray(orthonormal_tokens(8, t, width))
+    x = jnp.asarray(orthonormal_tokens(8, t, width), jnp.float32)
     variables = model.init(jax.random.PRNGKey(0), x)
-    mean, se = _networks_kernel(model, variables, sol, _template_mapping(sol), x, networks)
-    predicted = np.asarray(sol.token_kernel.output)
-    err = np.abs(mean - predicted)
-    print(f"{shaping} {switches}: max |error| {err.max():.4f}, max |error| / SE {(err / se).max():.2f}")
-    assert np.all(err <= 3 * se + 0.02), (err - 3 * se).max()
+    diag = sjax.diagnose(_applied(model, variables, sol, _template_mapping(sol), networks), sol, x)
+    print(f"{shaping} {switches}: max |error| {diag.max_error:.4f}, max |error| / SE {diag.max_sigmas:.2f}")
+    print(diag)
+    assert diag.ok, str(diag)  # every entry within 3 SE + 0.02

@@ -1,0 +1,182 @@
+"""The output token kernel of sequence models against the answer's, framework-free (numpy only).
+
+A sequence model's answer predicts ``token_kernel.output``: the exact infinite-width propagation
+of the token kernel of orthonormal input tokens (q = 1 per token) through the network (attention
+matrices, the MLPs' C maps, sums, layer norms; "Deep Transformers without Shortcuts: Modifying
+Self-attention for Faithful Signal Propagation", He, Martens et al., arXiv:2302.10322, section 3).
+An adapter feeds such tokens to one or several applied networks and measures
+``K_ij = y_i . y_j / width`` of the output tokens; this module compares, entry by entry, as
+``sigprop.client.torch.sequence_diagnose`` does (same fields, same noise, same judgement):
+
+- with several networks, the noise of each entry is the standard error of the mean over them,
+  measured (a finite-width network's kernel deviates from the limit by its own weights' draw,
+  which more inputs do not average away);
+- with one network, the noise is stated, not measured: ``sqrt((K_ii K_jj + K_ij^2) * layers /
+  width)``, the Gaussian estimate's spread per layer accumulated over the dense layers
+  (finite-width deviations grow like depth / width: Hanin and Nica, "Products of Many Large Random
+  Matrices and Gradients in Deep Neural Networks", arXiv:1812.05994). A rough figure.
+
+Each node's q is measured too and set beside the answer's scalar program, where attention and
+layer norm pass q through (q = q* = 1 for TAT and DKS; 0 for the zero-initialized queries, op
+``query``): a guide, as the token kernel's diagonal drifts from it by the E-SPA rescaling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "FLAG_SIGMAS",
+    "SLACK",
+    "NodeQ",
+    "TokenKernelDiagnosis",
+    "orthonormal_tokens",
+    "token_kernel_of",
+    "answer_token_kernel",
+    "judge_tokens",
+    "stated_token_noise",
+]
+
+FLAG_SIGMAS = 3.0
+SLACK = 0.02  # absolute tolerance added to FLAG_SIGMAS noise: float32 rounding and a few networks' SE
+
+
+def orthonormal_tokens(batch: int, seq_len: int, width: int, *, seed: int = 0) -> np.ndarray:
+    """``[batch, seq_len, width]`` float64: ``batch`` sets of ``seq_len`` orthogonal tokens of mean
+    square 1 (``x_i . x_j = width * delta_ij``, the answer's input kernel ``I`` at q = 1), a fresh
+    uniformly random frame per set. Needs ``seq_len <= width``."""
+    if seq_len > width:
+        raise ValueError(f"{seq_len} orthogonal tokens need a width of at least {seq_len}, got {width}")
+    rng = np.random.default_rng(int(seed))
+    q, r = np.linalg.qr(rng.standard_normal((batch, width, seq_len)))
+    q = q * np.sign(np.diagonal(r, axis1=1, axis2=2))[:, None, :]  # Haar: signs fixed by diag(R)
+    return np.swapaxes(q, 1, 2) * math.sqrt(width)
+
+
+def token_kernel_of(y) -> np.ndarray:
+    """``K_ij = y_i . y_j / width`` of outputs ``[B, T, width]``, averaged over the B sets: ``[T, T]``."""
+    y = np.asarray(y, np.float64)
+    return np.einsum("bid,bjd->ij", y, y) / (y.shape[0] * y.shape[-1])
+
+
+def answer_token_kernel(sol) -> np.ndarray:
+    """The answer's ``token_kernel.output`` (ValueError, saying why, when it has none)."""
+    kernel = getattr(sol, "token_kernel", None)
+    output = None if kernel is None else getattr(kernel, "output", None)
+    if output is None:
+        raise ValueError(
+            "the answer has no token_kernel.output (not a sequence answer, or T above the answer's "
+            "max_token_kernel): nothing to compare the output token kernel with"
+        )
+    return np.asarray(output, dtype=np.float64)
+
+
+@dataclass
+class NodeQ:
+    id: str
+    op: str
+    q_predicted: float | None
+    q_measured: float
+
+
+@dataclass
+class TokenKernelDiagnosis:
+    """The output token kernel, measured against the answer's ``token_kernel.output``."""
+
+    method: str
+    activation: str
+    shaping: str | None
+    networks: int
+    predicted: np.ndarray  # (T, T)
+    measured: np.ndarray  # (T, T): mean over the networks
+    noise: np.ndarray  # (T, T): standard error (several networks) or stated noise (one)
+    noise_source: str  # "networks" or "stated"
+    nodes: list[NodeQ] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> np.ndarray:
+        return self.measured - self.predicted
+
+    @property
+    def max_error(self) -> float:
+        return float(np.abs(self.error).max())
+
+    @property
+    def max_sigmas(self) -> float:
+        """The largest |error| / noise over the entries."""
+        return float((np.abs(self.error) / np.maximum(self.noise, 1e-12)).max())
+
+    @property
+    def flagged(self) -> np.ndarray:
+        """Entries off by more than FLAG_SIGMAS times their noise plus SLACK."""
+        return np.abs(self.error) > FLAG_SIGMAS * self.noise + SLACK
+
+    @property
+    def ok(self) -> bool:
+        return not self.warnings and not self.flagged.any()
+
+    def table(self) -> str:
+        t = self.predicted.shape[0]
+        lines = [
+            f"sigprop diagnose ({self.method}, {self.activation}, attention {self.shaping}): output token kernel "
+            f"of {t} orthonormal tokens (q = 1), {self.networks} network(s), noise {self.noise_source}",
+            f"max |measured - predicted| = {self.max_error:.4g}; max error / noise = {self.max_sigmas:.3g}; "
+            f"{int(self.flagged.sum())} of {t * t} entries off by more than {FLAG_SIGMAS:g} noise + {SLACK:g}",
+            f"diagonal predicted {np.diag(self.predicted).min():.4f}..{np.diag(self.predicted).max():.4f}, measured "
+            f"{np.diag(self.measured).min():.4f}..{np.diag(self.measured).max():.4f}; K[T-1, 0] predicted "
+            f"{self.predicted[-1, 0]:.4f}, measured {self.measured[-1, 0]:.4f}",
+        ]
+        if self.nodes:
+            width = max(len(n.id) for n in self.nodes)
+            lines.append(f"{'node':<{width}}  {'op':<11} {'q pred':>8} {'q meas':>8}")
+            for n in self.nodes:
+                pred = f"{n.q_predicted:8.4f}" if n.q_predicted is not None else "       -"
+                lines.append(f"{n.id:<{width}}  {n.op:<11} {pred} {n.q_measured:8.4f}")
+        lines += [f"WARNING: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    __str__ = table
+
+
+def dense_layers(graph: dict) -> tuple[int, int]:
+    """(dense layers on the longest path, the narrowest width) of a sequence graph."""
+    depth: dict[str, int] = {}
+    width = []
+    for nd in graph.get("nodes", []):
+        d = max((depth.get(i, 0) for i in nd.get("inputs", [])), default=0)
+        if nd["op"] == "dense":
+            d += 1
+            width.append(int(nd["units"]))
+        depth[nd["id"]] = d
+    return max(depth.values(), default=0), min(width, default=1)
+
+
+def stated_token_noise(predicted: np.ndarray, graph: dict) -> np.ndarray:
+    """One network's stated noise per entry (module docstring)."""
+    layers, narrow = dense_layers(graph)
+    d = np.diag(predicted)
+    return np.sqrt((np.outer(d, d) + predicted**2) * max(layers, 1) / narrow)
+
+
+def judge_tokens(diag: TokenKernelDiagnosis) -> None:
+    """Warnings naming what is off, and its likely cause."""
+    off = np.argwhere(diag.flagged)
+    if not len(off):
+        return
+    i, j = (int(v) for v in off[np.argmax(np.abs(diag.error)[diag.flagged])])
+    err = diag.error[i, j]
+    cause = (
+        "the output's q is off too: an initialization not applied (a Dense layer the answer does not list, a "
+        "LayerNorm or activation left as it was) or an input not at q = 1"
+        if abs(np.diag(diag.error)).max() > FLAG_SIGMAS * np.diag(diag.noise).max() + SLACK
+        else "the correlations are off with q right: the attention matrices (bias, queries not zero) or the "
+        "activation's transformation"
+    )
+    diag.warnings.append(
+        f"{len(off)} output token-kernel entries off their prediction; the worst K[{i}, {j}] by {err:+.4g} "
+        f"({abs(err) / max(diag.noise[i, j], 1e-12):.1f} noise): {cause}"
+    )
