@@ -155,7 +155,7 @@ class ParamChange:
 
     layer_id: str
     path: tuple  # keys from the root of the params tree to the leaf
-    role: str  # "kernel", "bias" or "attention" (a ShapedAttention's matrix at init, in "shaping")
+    role: str  # "kernel", "bias", "attention" (a ShapedAttention's matrix at init) or "layer_norm" (its affine)
     init: str  # scaled_uniform_orthogonal | orthogonal_delta | gaussian | zeros | an attention generator's form
     scale: float  # gain on the orthonormal matrix, or the standard deviation (0 for zeros); attention: max of D
     shape: tuple[int, ...]
@@ -422,7 +422,8 @@ def apply_to_params(
     if mapping is None:
         mapping = {lid: lid for lid in [*layers, *generators]}
     report = ApplyReport()
-    report.unknown_ids = [lid for lid in mapping if lid not in layers and lid not in generators]
+    known = {*layers, *generators}
+    report.unknown_ids = [lid for lid in mapping if lid not in known and _layer_norm_path(params, mapping[lid]) is None]
     report.unmapped_layers = [lid for lid in [*layers, *generators] if lid not in mapping]
 
     order = {lid: i for i, lid in enumerate(layers)}
@@ -460,6 +461,7 @@ def apply_to_params(
         new = _set_bias(new, params, layer, resolved, bpath, bkey, report)
 
     new = _install_attention(new, generators, mapping, report)
+    new = _reset_layer_norms(new, params, mapping, report)
     report.uncovered_kernels = [p for p in _leaf_paths(params, tuple(kernel_names)) if p not in covered]
     if sol.sum_scales:
         report.warnings.append(
@@ -494,6 +496,37 @@ def _install_attention(tree, generators: Mapping[str, dict], mapping: Mapping, r
     report.not_found.extend(not_found)
     report.warnings.extend(notes)
     return new
+
+
+def _layer_norm_path(tree, path: PathLike) -> tuple | None:
+    """The resolved path of a layer norm's params (a ``scale`` leaf, no kernel) that ``path`` names, or None."""
+    resolved = _resolve(tree, path)
+    node = _get(tree, resolved) if resolved is not None else None
+    if isinstance(node, Mapping) and "scale" in node and "kernel" not in node and "w" not in node:
+        return resolved
+    return None
+
+
+def _reset_layer_norms(tree, params, mapping: Mapping, report: ApplyReport):
+    """``tree`` with every mapped layer norm's affine the identity (scale 1, bias 0): the answer's
+    ``layer_norm`` nodes normalize only (``graph_from_flax`` maps them to their LayerNorm modules)."""
+    for lid, path in mapping.items():
+        if any(c.layer_id == lid for c in report.changed):
+            continue
+        resolved = _layer_norm_path(params, path)
+        if resolved is None:
+            continue
+        for name, fill in (("scale", 1.0), ("bias", 0.0)):
+            leaf = _get(params, resolved + (name,))
+            if leaf is _MISSING or isinstance(leaf, Mapping):
+                continue
+            shape, dtype = _shape_dtype(leaf)
+            tree = _set(tree, resolved + (name,), jnp.full(shape, fill, dtype))
+            report.changed.append(
+                ParamChange(lid, resolved + (name,), "layer_norm", "ones" if fill else "zeros", fill, shape,
+                            jnp.dtype(dtype).name)
+            )  # fmt: skip
+    return tree
 
 
 # Flax extraction and diagnostics live in ``jax_extraction`` (re-exported here)

@@ -236,6 +236,12 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
         src = w.resolve(data[0][0], prim, scaled_ok=True)
         w.kind[ov] = _Net(src.node, src.factor)
         return None
+    if w.sequence and len(data) == 1 and prim in ("split", "slice"):
+        w.unsupported(
+            f"a {prim} of the features of '{w.resolve(data[0][0], prim, scaled_ok=True).node}' (a fused q/k/v Dense?)",
+            "write queries, keys and values as three nn.Dense layers of one input (a fused Dense split "
+            "afterwards is not read)",
+        )
     if w.sequence and written_out_attention(eqn, len(data)):
         w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
         w.kind[ov] = _Net(w.resolve(data[0][0], prim, scaled_ok=True).node)

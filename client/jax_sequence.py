@@ -69,6 +69,7 @@ def settle(w, v, net_type) -> Any:
             f"'{kind.source}' (off by {off:.3g}): the answer assumes scale 1 and bias 0 at initialization and "
             "the normalization over the feature axis"
         )
+    w.mapping[gid] = tuple(kind.region.split("/"))  # apply_to_params sets its scale to 1 and bias to 0
     w.kind[v] = net_type(gid)
     return w.kind[v]
 

@@ -218,10 +218,11 @@ def test_a_flax_gpt_extracts_to_the_sequence_graph(norms, shortcuts):
     assert ext.graph["nodes"] == _expected(2, norms=norms, shortcuts=shortcuts)
     assert not ext.warnings, ext.warnings
     assert ext.mapping["b1/attn"] == ("b1", "attn") and ext.mapping["b0/q"] == ("b0", "q")
-    assert set(ext.mapping) == {n["id"] for n in ext.graph["nodes"] if n["op"] in ("dense", "attention")}
+    mapped = {n["id"] for n in ext.graph["nodes"] if n["op"] in ("dense", "attention", "layer_norm")}
+    assert set(ext.mapping) == mapped and (not norms or ext.mapping["b0/ln2"] == ("b0", "ln2"))
 
 
-def test_a_layer_norm_whose_affine_is_not_the_identity_is_named():
+def test_a_layer_norm_whose_affine_is_not_the_identity_is_named_and_apply_resets_it():
     model = GPT(depth=1, norms=True)
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 16))
     variables = model.init(jax.random.PRNGKey(0), x)
@@ -230,6 +231,13 @@ def test_a_layer_norm_whose_affine_is_not_the_identity_is_named():
     ext = extract_flax(model, {**variables, "params": params}, x)
     assert [n["op"] for n in ext.graph["nodes"]].count("layer_norm") == 2
     assert len(ext.warnings) == 1 and "LayerNorm 'b0/ln2'" in ext.warnings[0] and "scale 1" in ext.warnings[0]
+    sol = _solve(ext.graph, "e-spa")
+    applied, report = sjax.apply_to_params({**variables, "params": params}, sol, ext.mapping, jax.random.PRNGKey(0))
+    assert report.ok, str(report)
+    reset = {(c.layer_id, c.path[-1]) for c in report.changed if c.role == "layer_norm"}
+    assert reset == {(f"b0/{ln}", leaf) for ln in ("ln1", "ln2") for leaf in ("scale", "bias")}
+    assert np.all(np.asarray(applied["params"]["b0"]["ln2"]["scale"]) == 1.0)
+    assert not extract_flax(model, applied, x).warnings
 
 
 class _FlaxMHA(nn.Module):
@@ -243,6 +251,13 @@ class _WrittenOut(nn.Module):
     def __call__(self, x):
         q, k, v = (nn.Dense(16)(x).reshape(2, 8, 2, 8) for _ in range(3))  # [B, T, heads, d_head]
         return nn.Dense(16)(nn.dot_product_attention(q, k, v).reshape(2, 8, 16))
+
+
+class _Fused(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        q, k, v = jnp.split(nn.Dense(48, name="qkv")(x), 3, axis=-1)
+        return nn.Dense(16)(ShapedAttention(2, 8)(q, k, v))
 
 
 class _Cross(nn.Module):
@@ -265,6 +280,9 @@ def test_attention_the_graph_cannot_express_is_refused_with_the_way_out():
     with pytest.warns(UserWarning) as record:  # the same, past the reshapes
         sjax.graph_from_flax(_WrittenOut(), x, allow_unsupported=True, assumptions="warn")
     assert any("product of two network values" in str(r.message) for r in record)
+    with pytest.raises(SigpropError) as info:
+        sjax.graph_from_flax(_Fused(), x)
+    assert "split of the features of 'qkv'" in info.value.message and "three nn.Dense" in info.value.hint
     with pytest.raises(SigpropError) as info:
         sjax.graph_from_flax(_Cross(), x)
     assert "Dense layers of one input" in info.value.message and info.value.code == "unsupported_op"
