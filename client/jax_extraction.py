@@ -564,6 +564,11 @@ def graph_from_flax(
     Anything else raises ``SigpropError("unsupported_op")`` (``allow_unsupported=True``: the
     identity, with a warning). The graph is checked with the service's structure rules
     (``assumptions="warn"`` warns instead of raising ``unsupported_structure``).
+
+    A sequence ``[B, T, D]`` gives a sequence graph (input ``{"shape": [T, D], "sequence": true}``):
+    ``nn.Dense`` per token, ``sigprop.client.jax_attention.ShapedAttention`` on three Dense layers of
+    one input an ``attention`` node, ``nn.LayerNorm`` a ``layer_norm`` node; the mapping also names
+    their modules (``jax_sequence``).
     """
     import warnings
 
