@@ -17,6 +17,7 @@ from .graph import Graph, Template
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
 Method = Literal["tat", "dks", "eoc", "sparse_eoc", "geometric"]
+SEQUENCE_METHODS = ("tat", "dks")  # the methods that solve sequence graphs (attention, layer_norm)
 # The targets each method reads (contract section 2's table; the engine's registry is built on it).
 # Any other target must be absent or null: the validator answers 422 invalid_target otherwise, and
 # the JSON Schema says the same (``_targets_by_method``), so a schema-valid request is one it takes.
@@ -142,6 +143,39 @@ def _targets_by_method(schema: dict) -> None:
             }
         }
         for method, used in METHOD_TARGETS.items()
+    ]
+    schema["allOf"] = _sequence_rules()
+
+
+# a graph with token streams: the transformer template, or nodes with attention / layer_norm / a sequence input
+_SEQUENCE_OPS = {"properties": {"op": {"enum": ["attention", "layer_norm"]}}, "required": ["op"]}
+_SEQUENCE_INPUT = {"properties": {"sequence": {"const": True}}, "required": ["sequence"]}
+_ATTENTION_NODE = {"properties": {"op": {"const": "attention"}}, "required": ["op"]}
+_TRANSFORMER = {"properties": {"template": {"const": "transformer"}}, "required": ["template"]}
+
+
+def _graph_with(nodes: dict, template: bool) -> dict:
+    """A request whose graph is the transformer template (``template``) or has a node matching ``nodes``."""
+    graphs = [{"properties": {"nodes": {"contains": nodes}}, "required": ["nodes"]}]
+    if template:
+        graphs.append(_TRANSFORMER)
+    return {"properties": {"graph": {"anyOf": graphs}}, "required": ["graph"]}
+
+
+def _sequence_rules() -> list[dict]:
+    """JSON Schema of the sequence rules (contract section 2, ``attention``): a graph with attention
+    nodes needs ``attention``, any other graph takes none; a sequence graph is solved by tat or dks."""
+    has_attention = _graph_with(_ATTENTION_NODE, template=True)
+    return [
+        {
+            "if": has_attention,
+            "then": {"required": ["attention"], "properties": {"attention": {"type": "object"}}},
+            "else": {"properties": {"attention": {"type": "null"}}},
+        },
+        {
+            "if": _graph_with({"anyOf": [_SEQUENCE_OPS, _SEQUENCE_INPUT]}, template=True),
+            "then": {"properties": {"method": {"enum": list(SEQUENCE_METHODS)}}},
+        },
     ]
 
 

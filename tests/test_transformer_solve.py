@@ -344,3 +344,28 @@ def test_http_solves_espa_and_uspa_and_expands_the_template(server):
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
         r = client.post("/v1/solve", json=request(ESPA, depth=1000, seq_len=4096, width=8, heads=1))
         assert r.status_code == 413 and r.json()["error"]["code"] == "graph_too_large"
+
+
+def test_token_program_reduces_kernels_to_the_largest_token_correlation():
+    from sigprop.engine.graph import build_graph
+    from sigprop.engine.token_program import TokenKernelProgram, TokenValue, max_token_correlation
+
+    graph = build_graph(expand_template(Template(template="transformer", depth=2, seq_len=5, width=8, heads=2)), "relu")
+    mixers = dict(zip([nd.index for nd in graph.nodes if nd.op == "attention"], espa_matrices(0.01, 2, 5), strict=True))
+    program = TokenKernelProgram(graph, mixers)
+    relu = lambda v, _slot: TokenValue(leaky_relu_kernel(v.kernel, 0.0, math.sqrt(2.0)))  # noqa: E731
+    out = program.global_map(np.eye(5), relu).kernel
+    want = reference_output(list(mixers.values()), 0.0, math.sqrt(2.0))
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+    values = program.candidate_values(np.eye(5), relu)
+    assert len(values) == graph.n and values[0] == 0.0  # orthonormal input tokens
+    assert max(values) == pytest.approx(max_token_correlation(out)) and values[-1] == max(values)
+    assert program.argmax(np.eye(5), relu) == "the whole network"
+
+
+def test_the_expansion_solved_by_hand_is_the_template():
+    body = request(ESPA, shortcuts=True, norms=True)
+    graph = expand_template(Template(**body["graph"])).model_dump(mode="json", by_alias=True, exclude_none=True)
+    graph["nodes"].reverse()  # any order
+    template, by_hand = sigprop.solve(body), sigprop.solve({**body, "graph": graph})
+    assert by_hand.key == template.key and by_hand.to_json() == template.to_json()

@@ -38,9 +38,9 @@ from torch import nn
 
 from ...schemas.errors import SigpropError
 from .attention import ShapedAttention, merge_heads, split_heads
-from .extraction import _clean_id, _Extractor, _tensor_shape
 from .ops import describe
 from .traced import Entry, Extraction
+from .walk import Walker, clean_id, tensor_shape
 
 __all__ = ["SequenceExtraction", "AttentionSite", "DensePart", "is_sequence_trace", "extract_sequence", "SEQUENCE_HINT"]
 
@@ -106,7 +106,7 @@ class SequenceExtraction(Extraction):
 
 
 def _is_linear_3d(node: torch.fx.Node, gm: torch.fx.GraphModule) -> bool:
-    shape = _tensor_shape(node)
+    shape = tensor_shape(node)
     return node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.Linear) and len(shape or ()) == 3
 
 
@@ -121,10 +121,10 @@ def is_sequence_trace(gm: torch.fx.GraphModule, example_input: torch.Tensor) -> 
             m = gm.get_submodule(node.target)
             if isinstance(m, nn.MultiheadAttention):
                 return True
-            if isinstance(m, (nn.Linear, nn.LayerNorm)) and len(_tensor_shape(node) or ()) == 3:
+            if isinstance(m, (nn.Linear, nn.LayerNorm)) and len(tensor_shape(node) or ()) == 3:
                 return True
         if node.op == "call_function" and node.target in (F.linear, F.layer_norm):
-            shape = _tensor_shape(node)
+            shape = tensor_shape(node)
             if shape is not None and len(shape) == 3:
                 return True
     return False
@@ -170,7 +170,7 @@ def _is_plumbing(node) -> bool:
 
 
 def _refuse(node: torch.fx.Node, gm, why: str, hint: str = SEQUENCE_HINT) -> SigpropError:
-    name = _clean_id(node.target if node.op == "call_module" else node.name)
+    name = clean_id(node.target if node.op == "call_module" else node.name)
     return SigpropError("unsupported_op", f"node '{name}' ({describe(node, gm)}) is not supported: {why}", hint)
 
 
@@ -376,7 +376,7 @@ def read_sites(gm: torch.fx.GraphModule, values: dict) -> _SiteReader:
     return reader
 
 
-class _SequenceExtractor(_Extractor):
+class _SequenceExtractor(Walker):
     """The extractor's walk with the sequence ops: per-token dense (whole or cut Linears),
     attention, layer_norm, and the head plumbing absorbed into attention nodes."""
 
@@ -398,7 +398,7 @@ class _SequenceExtractor(_Extractor):
         return roles
 
     def add_input(self, node: torch.fx.Node) -> None:
-        shape = _tensor_shape(node)
+        shape = tensor_shape(node)
         gid = self.new_id(node.name)
         self.shapes[node] = shape
         self.value[node] = gid
@@ -420,7 +420,7 @@ class _SequenceExtractor(_Extractor):
             node.meta["_sigprop_data"] = True
             return
         if node in reader.alias:  # the merged output of an sdpa call is the attention node's value
-            self.shapes[node] = _tensor_shape(node)
+            self.shapes[node] = tensor_shape(node)
             self.value[node] = self.value[reader.alias[node]]
             return
         if node.op == "call_module":
@@ -429,7 +429,7 @@ class _SequenceExtractor(_Extractor):
                 return self.add_mha(node, m)
             if isinstance(m, ShapedAttention):
                 return self.add_sdpa(node, m)
-            if isinstance(m, nn.Linear) and len(_tensor_shape(node) or ()) == 3:
+            if isinstance(m, nn.Linear) and len(tensor_shape(node) or ()) == 3:
                 return self.add_linear(node, m)
             if isinstance(m, nn.LayerNorm):
                 return self.add_layer_norm(node, m, list(m.normalized_shape))
@@ -438,7 +438,7 @@ class _SequenceExtractor(_Extractor):
         if node.op == "call_function" and node.target is F.scaled_dot_product_attention:
             return self.add_sdpa(node)
         if node.op == "call_function" and node.target is operator.getitem and node.args[0] in self.mha_out:
-            self.shapes[node] = _tensor_shape(node)
+            self.shapes[node] = tensor_shape(node)
             self.value[node] = self.mha_out[node.args[0]]
             return
         before = len(self.nodes_out)
@@ -450,7 +450,7 @@ class _SequenceExtractor(_Extractor):
             )
 
     def add_linear(self, node: torch.fx.Node, m: nn.Linear) -> None:
-        shape = _tensor_shape(node)
+        shape = tensor_shape(node)
         self.shapes[node] = shape
         (src,) = self.data_args(node)
         cuts = sorted(self.reader.cuts.get(node, {(0, m.out_features)}))
@@ -473,12 +473,12 @@ class _SequenceExtractor(_Extractor):
 
     def attention_id(self, path: str, fallback: str) -> str:
         parent = path.rsplit(".", 1)[0] if "." in path else ""
-        return self.new_id(parent if parent and _clean_id(parent) not in self.used_ids else fallback)
+        return self.new_id(parent if parent and clean_id(parent) not in self.used_ids else fallback)
 
     def add_sdpa(self, node: torch.fx.Node, module: ShapedAttention | None = None) -> None:
         """An sdpa call (id: the q Linear's parent path) or a ShapedAttention module (id: its path)."""
         site = self.reader.sites[node]
-        shape = _tensor_shape(node)
+        shape = tensor_shape(node)
         self.shapes[node] = shape
         found = site["found"]
         ins = [self.part_gid[(lin, lo, hi)] for lin, lo, hi, _ in found]
@@ -532,7 +532,7 @@ class _SequenceExtractor(_Extractor):
         self.sites[gid] = AttentionSite(gid, node, None, tuple(parts), src, site["heads"], site["causal"], t, d, m)
 
     def add_layer_norm(self, node: torch.fx.Node, m: nn.LayerNorm | None, normalized: list) -> None:
-        shape = _tensor_shape(node)
+        shape = tensor_shape(node)
         if list(normalized) != [shape[-1]]:
             raise _refuse(node, self.gm, f"a LayerNorm over {normalized}, not over the features of each token")
         self.shapes[node] = shape

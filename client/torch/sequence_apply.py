@@ -33,8 +33,20 @@ from torch import nn
 
 from ...schemas.attention_init import expand_attention
 from ...schemas.solve import LayerInit, Solution
-from .apply import ApplyReport, LayerChange, _apply_activations, _apply_output, _apply_sums, _reinit, _Rewrite
+from ..solution import as_solution
 from .attention import ShapedAttention, ShapedMultiheadAttention
+from .extraction import extract
+from .rewrite import (
+    ApplyReport,
+    LayerChange,
+    _apply_activations,
+    _apply_output,
+    _apply_sums,
+    _example_from_graph,
+    _reinit,
+    _report_uncovered,
+    _Rewrite,
+)
 from .sequence import SequenceExtraction
 
 __all__ = ["apply_sequence", "answer_part", "is_sequence_graph", "ZERO_QUERY_SHAPINGS"]
@@ -213,13 +225,8 @@ def apply_sequence(
     inplace: bool,
     seed: int | None,
     residual: str,
-    extract,
-    example_from_graph,
-    report_uncovered,
 ) -> ApplyReport:
-    """``apply`` for a sequence model (module docstring); the helpers are ``apply``'s own."""
-    from ..solution import as_solution
-
+    """``apply`` for a sequence model (module docstring)."""
     if inplace:
         raise ValueError(
             "apply(inplace=True) is not available for sequence models: the attention calls live in forward's code, "
@@ -233,7 +240,7 @@ def apply_sequence(
     if example_input is None:
         if graph is None:
             raise ValueError("apply needs example_input or the graph the answer was solved for")
-        example_input = example_from_graph(dict(graph), target)
+        example_input = _example_from_graph(dict(graph), target)
     ext = extract(target, example_input, allow_unsupported=True, keep_fn=False, warn=False)
     if not isinstance(ext, SequenceExtraction):
         raise ValueError("the answer is for a sequence graph but the model does not read as a sequence model")
@@ -259,7 +266,7 @@ def apply_sequence(
         )
     initialized |= _reset_layer_norms(ext, report)
     _apply_output(rw, sol)
-    report_uncovered(target, ext, initialized, report)
+    _report_uncovered(target, ext, initialized, report)
     gm = ext.gm
     gm.graph.eliminate_dead_code()
     gm.graph.lint()

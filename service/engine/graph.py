@@ -520,8 +520,7 @@ def _attrs_text(nd, default_activation, texts: dict) -> str:
         )
     names, values_of, fn = layout
     if nd.op == "input" and getattr(nd, "sequence", False):
-        body = ", ".join([f'"{name}": {_json(v)}' for name, v in zip(names, values_of(nd), strict=True)])
-        return "{" + body + ', "sequence": true}'
+        return json.dumps({**dict(zip(names, values_of(nd), strict=True)), "sequence": True}, sort_keys=True)
     values = values_of(nd)
     types = tuple(map(type, values))
     key = (type(nd), values, types) if _SCALARS.issuperset(types) else None

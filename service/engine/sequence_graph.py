@@ -25,12 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SigpropError
-from ..schemas.solve import SolveRequest
+from ..schemas.solve import SEQUENCE_METHODS, SolveRequest
 from .graph import AFFINE, ATTENTION, NORM, PASS, NetworkGraph, Node, pass_sources
 
 __all__ = ["SequenceView", "is_sequence_graph", "scalar_view", "check_sequence_request", "SEQUENCE_METHODS"]
-
-SEQUENCE_METHODS = ("tat", "dks")
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,13 @@ from .template_builder import (
     _param,
     _require_depth,
 )
-from .transformer_template import TRANSFORMER_DESCRIPTION, TRANSFORMER_PARAMETERS, transformer, transformer_size
+from .transformer_template import (
+    TRANSFORMER_DESCRIPTION,
+    TRANSFORMER_PARAMETERS,
+    TRANSFORMER_RULES,
+    transformer,
+    transformer_size,
+)
 
 # Expansion guard besides the node limit (``max_nodes``): the quadratic concat lists of a very deep
 # CIFAR DenseNet are cut off well before they get slow.
@@ -480,6 +486,8 @@ class TemplateSpec:
     parameters: tuple[dict, ...]
     expand: Callable[[Template], _Builder]
     size: Callable[[Template], TemplateSize | None]
+    # JSON Schema rules between its parameters (the OpenAPI description adds them to its branch)
+    rules: tuple[dict, ...] = ()
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -497,7 +505,14 @@ TEMPLATES: dict[str, TemplateSpec] = {
         TemplateSpec("resnet", _RESNET_DESCRIPTION, _RESNET_PARAMETERS, _resnet, _resnet_size),
         TemplateSpec("densenet", _DENSENET_DESCRIPTION, _DENSENET_PARAMETERS, _densenet, _densenet_size),
         TemplateSpec("cnn", _CNN_DESCRIPTION, _CNN_PARAMETERS, _cnn, _cnn_size),
-        TemplateSpec("transformer", TRANSFORMER_DESCRIPTION, TRANSFORMER_PARAMETERS, transformer, transformer_size),
+        TemplateSpec(
+            "transformer",
+            TRANSFORMER_DESCRIPTION,
+            TRANSFORMER_PARAMETERS,
+            transformer,
+            transformer_size,
+            TRANSFORMER_RULES,
+        ),
     )
 }
 

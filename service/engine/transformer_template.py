@@ -29,7 +29,7 @@ from sigprop.schemas import Template
 
 from .template_builder import _DEPTH_LIMIT, TemplateSize, _bad, _Builder, _param, _require_depth
 
-__all__ = ["TRANSFORMER_DESCRIPTION", "TRANSFORMER_PARAMETERS", "transformer", "transformer_size"]
+__all__ = ["TRANSFORMER_DESCRIPTION", "TRANSFORMER_PARAMETERS", "TRANSFORMER_RULES", "transformer", "transformer_size"]
 
 DEFAULTS = {
     "seq_len": 128,
@@ -64,6 +64,15 @@ TRANSFORMER_PARAMETERS = (
         minimum=0.0,
         maximum=1.0,
     ),
+)
+
+
+# shortcut_weight only with shortcuts (the OpenAPI description states it; heads dividing width it cannot)
+TRANSFORMER_RULES = (
+    {
+        "if": {"properties": {"shortcut_weight": {"type": "number"}}, "required": ["shortcut_weight"]},
+        "then": {"properties": {"shortcuts": {"const": True}}, "required": ["shortcuts"]},
+    },
 )
 
 
