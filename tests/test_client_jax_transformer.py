@@ -391,6 +391,8 @@ SLOW_CASES = [
     ("u-spa", {"final_rho": 0.5}, {}),
     ("e-spa", {}, {"norms": True, "shortcuts": True}),
     ("value-skipinit", {}, {}),
+    ("shaped", {"temperature": 0.5}, {}),
+    ("e-spa", {"final_gamma": 0.3}, {"causal": False}),  # bidirectional nodes: E-SPA is lower triangular too
 ]
 
 
