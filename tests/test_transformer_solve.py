@@ -369,3 +369,14 @@ def test_the_expansion_solved_by_hand_is_the_template():
     graph["nodes"].reverse()  # any order
     template, by_hand = sigprop.solve(body), sigprop.solve({**body, "graph": graph})
     assert by_hand.key == template.key and by_hand.to_json() == template.to_json()
+
+
+def test_token_limits_are_settings(tmp_path):
+    from sigprop.settings import Settings
+
+    limits = Settings(data_dir=tmp_path, max_seq_len=16, max_token_work=123).limits()
+    assert (limits.max_seq_len, limits.max_token_work) == (16, 123)
+    from sigprop.preparation import prepare_data
+
+    with pytest.raises(SigpropError, match="limit of 16"):
+        prepare_data(request(ESPA, seq_len=17), limits)
