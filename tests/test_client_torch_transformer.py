@@ -187,6 +187,12 @@ def test_layer_norms_and_multihead_attention_are_read():
     ]
     assert g["nodes"][4]["causal"] is True
     assert graph_from_module(MHA(causal=False), torch.randn(2, 8, 16))["nodes"][4]["causal"] is False
+    blocked = MHA(causal=False)
+    blocked.mask = torch.ones(8, 8, dtype=torch.bool).triu(1)  # nn.MultiheadAttention: True = may not attend
+    assert graph_from_module(blocked, torch.randn(2, 8, 16))["nodes"][4]["causal"] is True
+    blocked.mask = ~blocked.mask  # that is sdpa's convention: not the causal mask here
+    with pytest.raises(SigpropError, match="not the causal mask"):
+        graph_from_module(blocked, torch.randn(2, 8, 16))
 
 
 def test_the_template_model_has_the_template_ids():
@@ -212,6 +218,16 @@ class _Raw(nn.Module):  # attention on the input itself: q, k, v are no dense la
         return F.scaled_dot_product_attention(_heads(x, 2), _heads(x, 2), _heads(x, 2)).transpose(1, 2).flatten(2)
 
 
+class _Shared(nn.Module):  # one Linear output as query, key and value
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = _heads(self.qkv(x), 2)
+        return F.scaled_dot_product_attention(h, h, h).transpose(1, 2).flatten(2)
+
+
 class _Flat(nn.Module):
     def __init__(self):
         super().__init__()
@@ -226,6 +242,7 @@ class _Flat(nn.Module):
     [
         (_Cross(), "cross-attention"),
         (_Raw(), "not by an nn.Linear"),
+        (_Shared(), "are the same Linear output"),
         (_Flat(), "a flatten in a sequence model"),
         (nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), "TransformerEncoderLayer: attention"),
     ],
@@ -255,12 +272,13 @@ def _captured(model, path):
     return mod, seen["q"], seen["k"]
 
 
-@pytest.mark.parametrize(
-    "make", [lambda: GPT(), lambda: GPT(fused=True), lambda: MHA(), lambda: TemplateNet(2, 16, 2, 8)],
-    ids=["gpt", "gpt-fused", "mha", "template"],
-)  # fmt: skip
-@pytest.mark.parametrize("shaping", ["e-spa", "u-spa"])
-def test_apply_installs_the_answer_attention_matrices(make, shaping):
+_MODELS = {"gpt": lambda: GPT(), "gpt-fused": lambda: GPT(fused=True), "mha": lambda: MHA(),
+           "template": lambda: TemplateNet(2, 16, 2, 8)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name, shaping", [*((n, "e-spa") for n in _MODELS), ("gpt-fused", "u-spa"), ("mha", "u-spa")])
+def test_apply_installs_the_answer_attention_matrices(name, shaping):
+    make = _MODELS[name]
     model = make()
     x = torch.randn(2, 8, 16)
     graph = graph_from_module(model, x)
@@ -275,6 +293,21 @@ def test_apply_installs_the_answer_attention_matrices(make, shaping):
         assert torch.count_nonzero(q) == 0  # zero query weights and biases: logits = bias alone
         want = expand_attention(generators[gid], 8, True).matrix()
         assert torch.allclose(_measured_matrix(mod, q, k, 8).double(), torch.as_tensor(want), atol=1e-5)
+
+
+@pytest.mark.parametrize("shaping", ["value-skipinit", "shaped"])
+def test_value_skipinit_and_shaped_attention_are_the_identity_at_init(shaping):
+    model = GPT(depth=1)
+    x = torch.randn(2, 8, 16)
+    graph = graph_from_module(model, x)
+    sol = _solve(graph, shaping)
+    rep = apply(model, sol, graph=graph, example_input=x, seed=0)
+    mod, q, k = _captured(rep.model, rep.model.sigprop_sequence["attention"]["blocks.0"])
+    assert mod.alpha.requires_grad == mod.beta.requires_grad == (shaping == "value-skipinit")
+    assert bool(mod.shaped) == (shaping == "shaped") and mod.d_model == 16
+    exact = torch.count_nonzero(q) == 0  # the answer zeroes the queries (shaped: at infinite width only)
+    got = _measured_matrix(mod, q, k, 8)
+    assert torch.allclose(got, torch.eye(8), atol=1e-6 if exact else 0.1), got
 
 
 def test_apply_resets_layer_norms_and_refuses_in_place():
@@ -338,6 +371,8 @@ def test_diagnose_of_one_applied_sequence_model_states_its_noise():
     assert rows["b0.q"].op == "query" and rows["b0.q"].q_measured == 0.0
     assert abs(rows["b0.attn"].q_measured - 1.0) < 1e-4  # orthogonal k/v of orthonormal tokens, E-SPA rows
     assert "output token kernel" in str(diag)
+    with pytest.raises(ValueError, match="needs the model apply"):
+        diagnose(model, sol, x)  # not applied: no answer matrices to diagnose
 
 
 def test_the_gpt_shaping_example_runs(capsys):

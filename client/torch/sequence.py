@@ -255,8 +255,10 @@ class _SiteReader:
         self.skip.update(chain)
         return cur, lo, hi, heads
 
-    def causal_mask(self, node, mask) -> bool:
-        """Whether an attention mask argument is the causal one (True) or absent (False); else refused."""
+    def causal_mask(self, node, mask, blocked: bool = False) -> bool:
+        """Whether an attention mask argument is the causal one (True) or absent (False); else
+        refused. A boolean mask is True where a token may attend (sdpa), or where it may not
+        (``blocked``: nn.MultiheadAttention)."""
         if mask is None:
             return False
         value = self.values.get(mask) if isinstance(mask, torch.fx.Node) else mask
@@ -265,8 +267,9 @@ class _SiteReader:
         t = value.shape[-1]
         upper = torch.ones(t, t, dtype=torch.bool).triu(1)
         if value.dtype == torch.bool:
-            if torch.equal(value.reshape(-1, t, t)[0], ~upper) and value.shape[-2:] == (t, t):
-                return True  # True = may attend (sdpa's convention)
+            flat = value.reshape(-1, t, t)
+            if value.shape[-2:] == (t, t) and all(torch.equal(m, upper if blocked else ~upper) for m in flat):
+                return True
         elif torch.all(value[..., upper] == -math.inf) and torch.all(value[..., ~upper] == 0):
             return True
         raise _refuse(node, self.gm, "its attention mask is not the causal mask", "use is_causal=True or no mask")
@@ -302,6 +305,13 @@ class _SiteReader:
                 self.gm,
                 "cross-attention: its query, key and value read different tensors",
                 "self-attention only: q, k and v are Linear layers of one input",
+            )
+        if len({f[:3] for f in found}) != 3:
+            raise _refuse(
+                node,
+                self.gm,
+                "two of its query, key and value are the same Linear output",
+                "give q, k and v their own Linear layers (or blocks of one fused qkv Linear)",
             )
         heads = {f[3] for f in found}
         if len(heads) != 1 or found[0][2] - found[0][1] != found[1][2] - found[1][1]:
@@ -345,7 +355,7 @@ class _SiteReader:
             )
         if _arg(node, 3, "key_padding_mask") is not None:
             raise _refuse(node, self.gm, "a key_padding_mask", "pad-free sequences only")
-        causal = bool(_arg(node, 7, "is_causal", False)) or self.causal_mask(node, _arg(node, 5, "attn_mask"))
+        causal = bool(_arg(node, 7, "is_causal", False)) or self.causal_mask(node, _arg(node, 5, "attn_mask"), True)
         for user in node.users:
             if not (user.op == "call_function" and user.target is operator.getitem and user.args[1] in (0, 1)):
                 raise _refuse(node, self.gm, "its result is used other than as att(x, x, x)[0]")
