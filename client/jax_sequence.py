@@ -144,6 +144,14 @@ def _attention(w, eqn, ins: list, core: tuple[int, bool], net_type) -> None:
         )
         w.kind[ov] = net_type(v.node, v.factor)
         return
+    if len({q.node, k.node, v.node}) != 3:
+        w.unsupported(
+            f"attention on '{q.node}', '{k.node}', '{v.node}': queries, keys and values sharing one Dense output "
+            "(the answer zeroes the query kernel, which would zero the keys or values with it)",
+            "give queries, keys and values a Dense layer each",
+        )
+        w.kind[ov] = net_type(v.node, v.factor)
+        return
     path = kinds[3][1] if isinstance(kinds[3], tuple) else None
     module = tuple(path[1:-1]) if path and path[0] == COLLECTION else None
     base = "/".join(str(p) for p in module).lower() if module else "attention"
