@@ -405,7 +405,8 @@ def apply_to_params(
     A sequence model's answer (``attention``) also shapes each attention node the mapping names
     (``graph_from_flax`` maps it to its ``ShapedAttention`` module): its generator's matrix at
     initialization goes into that module's ``"shaping"`` variables (``sigprop.client.jax_shaping``),
-    so pass the whole variables dict; query kernels get the answer's zeros like any other layer.
+    so pass the whole variables dict; query kernels get the answer's zeros like any other layer, and
+    the LayerNorms the mapping names (``layer_norm`` nodes) get scale 1 and bias 0.
 
     ``module`` and ``example_input`` (the ``flax.linen`` module as it will run, with the answer's
     :func:`transformed_activation`, and one batch, ``[B, F]`` or NHWC): with both, the ops whose
