@@ -423,3 +423,17 @@ def test_monte_carlo_the_templates_output_token_kernel(shaping, parameters, swit
     print(diag)
     assert np.all(np.abs(diag.error) <= 3 * diag.noise + 0.02), str(diag)  # every entry within 3 SE + 0.02
     assert diag.ok, str(diag)
+
+
+def test_the_flax_gpt_shaping_example_runs(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "flax_gpt_shaping.py"
+    spec = importlib.util.spec_from_file_location("flax_gpt_shaping", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(depth=2, seq_len=8, width=32, heads=2, eta=0.3)
+    out = capsys.readouterr().out
+    assert "shaping/b1/attn: cholesky_ratio" in out and "output token kernel" in out, out
+    assert "0 of 64 entries off" in out, out
