@@ -6,7 +6,8 @@ matrices, the MLPs' C maps, sums, layer norms; "Deep Transformers without Shortc
 Self-attention for Faithful Signal Propagation", He, Martens et al., arXiv:2302.10322, section 3).
 An adapter feeds such tokens to one or several applied networks and measures
 ``K_ij = y_i . y_j / width`` of the output tokens; this module compares, entry by entry, as
-``sigprop.client.torch.sequence_diagnose`` does (same fields, same noise, same judgement):
+``sigprop.client.torch.sequence_diagnose`` and ``sigprop.client.jax_token_diagnose`` do with it
+(same fields, same noise, same judgement):
 
 - with several networks, the noise of each entry is the standard error of the mean over them,
   measured (a finite-width network's kernel deviates from the limit by its own weights' draw,
@@ -188,17 +189,18 @@ def stated_token_noise(predicted: np.ndarray, graph: dict) -> np.ndarray:
     return np.sqrt((np.outer(d, d) + predicted**2) * max(layers, 1) / (4 * narrow))
 
 
-def judge_tokens(diag: TokenKernelDiagnosis) -> None:
-    """Warnings naming what is off, and its likely cause."""
+def judge_tokens(diag: TokenKernelDiagnosis, *, layer: str = "a Dense layer") -> None:
+    """Warnings naming what is off, and its likely cause (``layer``: what the framework calls a
+    dense layer, for the message). The output's q is off when a diagonal entry is flagged."""
     off = np.argwhere(diag.flagged)
     if not len(off):
         return
     i, j = (int(v) for v in off[np.argmax(np.abs(diag.error)[diag.flagged])])
     err = diag.error[i, j]
     cause = (
-        "the output's q is off too: an initialization not applied (a Dense layer the answer does not list, a "
+        f"the output's q is off too: an initialization not applied ({layer} the answer does not list, a "
         "LayerNorm or activation left as it was) or an input not at q = 1"
-        if abs(np.diag(diag.error)).max() > FLAG_SIGMAS * np.diag(diag.noise).max() + SLACK
+        if np.diag(diag.flagged).any()
         else "the correlations are off with q right: the attention matrices (bias, queries not zero) or the "
         "activation's transformation"
     )
