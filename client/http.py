@@ -98,9 +98,13 @@ def solve_body(
     trainable: TrainableOptions | Mapping[str, Any] | None = None,
     c_map_points: int | None = None,
     assumptions: str | None = None,
+    attention: Mapping[str, Any] | None = None,
 ) -> dict:
-    """The JSON body of ``POST /v1/solve`` from its parts, optional keys left out when None."""
+    """The JSON body of ``POST /v1/solve`` from its parts, optional keys left out when None
+    (``attention``: a sequence graph's shaping, e.g. ``{"shaping": "e-spa"}``)."""
     body: dict[str, Any] = {"graph": _dump(graph, "graph"), "method": method, "activation": activation}
+    if attention is not None:
+        body["attention"] = _dump(attention, "attention")
     if assumptions is not None:
         body["assumptions"] = assumptions
     if targets is not None:
@@ -300,11 +304,14 @@ class Client(ValidationCalls, _Base):
         trainable: TrainableOptions | Mapping[str, Any] | None = None,
         c_map_points: int | None = None,
         assumptions: str | None = None,
+        attention: Mapping[str, Any] | None = None,
     ) -> Solution:
         """``POST /v1/solve``. ``graph`` is a ``sigprop.graph/v1`` graph or a template, as a dict or a
         ``Graph`` / ``Template`` model, e.g. ``{"template": "mlp", "depth": 50}``. ``assumptions="warn"``
         solves a graph outside the kernel theory instead of raising ``unsupported_structure``."""
-        body = self._solve_body(graph, method, activation, targets, init, trainable, c_map_points, assumptions)
+        body = self._solve_body(
+            graph, method, activation, targets, init, trainable, c_map_points, assumptions, attention
+        )
         return self.solve_request(body)
 
     def solve_request(self, request: SolveRequest | Mapping[str, Any]) -> Solution:
@@ -422,9 +429,12 @@ class AsyncClient(AsyncValidationCalls, _Base):
         trainable: TrainableOptions | Mapping[str, Any] | None = None,
         c_map_points: int | None = None,
         assumptions: str | None = None,
+        attention: Mapping[str, Any] | None = None,
     ) -> Solution:
         """``POST /v1/solve`` (see ``Client.solve``)."""
-        body = self._solve_body(graph, method, activation, targets, init, trainable, c_map_points, assumptions)
+        body = self._solve_body(
+            graph, method, activation, targets, init, trainable, c_map_points, assumptions, attention
+        )
         return await self.solve_request(body)
 
     async def solve_request(self, request: SolveRequest | Mapping[str, Any]) -> Solution:

@@ -64,7 +64,7 @@ def _submission(client, solve: tuple, key: str | None, solve_options: dict, opti
 
 
 def _solve_options(given: dict) -> dict:
-    known = ("init", "trainable", "c_map_points", "assumptions")
+    known = ("init", "trainable", "c_map_points", "assumptions", "attention")
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise TypeError(f"submit_validation() got unexpected keyword arguments: {', '.join(unknown)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from .activations import ActivationName
 
@@ -38,7 +38,22 @@ class _Node(BaseModel):
 
 class InputNode(_Node):
     op: Literal["input"]
-    shape: list[PositiveInt] = Field(min_length=1, max_length=3, description="[features] or [channels, height, width]")
+    shape: list[PositiveInt] = Field(
+        min_length=1,
+        max_length=3,
+        description="[features], [channels, height, width], or [tokens, features] (sequence)",
+    )
+    sequence: StrictBool = Field(
+        default=False, description="a token stream of shape [tokens, features]: dense layers act per token"
+    )
+
+    @model_validator(mode="after")
+    def _sequence_shape(self):
+        if self.sequence and len(self.shape) != 2:
+            raise ValueError("a sequence input has shape [tokens, features]")
+        if not self.sequence and len(self.shape) == 2:
+            raise ValueError('a [tokens, features] input needs "sequence": true (or give [features])')
+        return self
 
 
 class DenseNode(_Node):
@@ -77,6 +92,21 @@ class SumNode(_Node):
         return weights
 
 
+class AttentionNode(_Node):
+    """Self-attention's token mixing: ``inputs`` are the query, key and value dense nodes (reading
+    the same node, equal units divisible by ``heads``); the output projection is a following dense."""
+
+    op: Literal["attention"]
+    heads: PositiveInt = 1
+    causal: StrictBool = True
+
+
+class LayerNormNode(_Node):
+    """Per-token normalization over the features (affine identity at initialization)."""
+
+    op: Literal["layer_norm"]
+
+
 class ConcatNode(_Node):
     op: Literal["concat"]
 
@@ -113,6 +143,8 @@ Node = Annotated[
     | PoolNode
     | GlobalPoolNode
     | DropoutNode
+    | AttentionNode
+    | LayerNormNode
     | PassThroughNode,
     Field(discriminator="op"),
 ]
@@ -131,6 +163,8 @@ OPS = (
     "dropout",
     "identity",
     "output",
+    "attention",
+    "layer_norm",
 )
 
 
@@ -151,6 +185,17 @@ TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
     "resnet": ("depth", "version", "shortcut_weight", "input_shape", "classes", "bias"),
     "densenet": ("depth", "growth_rate", "input_shape", "classes", "bias"),
     "cnn": ("depth", "width", "input_shape", "classes", "bias"),
+    "transformer": (
+        "depth",
+        "seq_len",
+        "width",
+        "heads",
+        "mlp_ratio",
+        "causal",
+        "shortcuts",
+        "norms",
+        "shortcut_weight",
+    ),
 }
 TEMPLATE_NAMES: tuple[str, ...] = tuple(TEMPLATE_FIELDS)
 
@@ -160,7 +205,7 @@ class Template(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    template: Literal["mlp", "resnet", "densenet", "cnn"]  # TEMPLATE_NAMES (tests/test_templates.py)
+    template: Literal["mlp", "resnet", "densenet", "cnn", "transformer"]  # TEMPLATE_NAMES (tests/test_templates.py)
     depth: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     width: PositiveInt | None = None
     input_shape: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=3)
@@ -169,6 +214,13 @@ class Template(BaseModel):
     shortcut_weight: Annotated[WireFloat, Field(ge=0.0, le=1.0)] | None = None
     # densenet
     growth_rate: PositiveInt | None = None
+    # transformer
+    seq_len: PositiveInt | None = None
+    heads: PositiveInt | None = None
+    mlp_ratio: Annotated[StrictInt, Field(ge=1, le=64)] | None = None
+    causal: StrictBool | None = None
+    shortcuts: StrictBool | None = None
+    norms: StrictBool | None = None
     # cnn / densenet / resnet input and head
     classes: PositiveInt | None = None
     bias: StrictBool | None = None

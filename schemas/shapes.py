@@ -17,7 +17,7 @@ from .kernels import sum_coefficients
 __all__ = ["ARITY", "SUM_WEIGHT_TOLERANCE", "check_arity", "node_shape", "infer_shapes"]
 
 # (fewest, most) inputs; None: no upper bound. Every op not listed takes exactly one.
-ARITY = {"input": (0, 0), "sum": (2, None), "concat": (2, None)}
+ARITY = {"input": (0, 0), "sum": (2, None), "concat": (2, None), "attention": (3, 3)}
 SUM_WEIGHT_TOLERANCE = 1e-6
 
 Shape = tuple[int, ...]
@@ -38,7 +38,19 @@ def _conv_out(size: int, kernel: int, stride: int, padding) -> int:
     return (size + 2 * pad - kernel) // stride + 1
 
 
+def _sequence_refusal(nd, what: str) -> SigpropError:
+    return SigpropError(
+        "unsupported_structure",
+        f"{nd.op} node '{nd.id}' {what} a token stream: sequence graphs take dense, activation, attention, "
+        "layer_norm, sum, dropout and identity nodes",
+        "token streams have shape [tokens, features]; mixing tokens other than by an 'attention' node "
+        "(convolution, pooling, flattening, concatenation) is not covered",
+    )
+
+
 def _dense(nd, s: Shape) -> Shape:
+    if len(s) == 2:  # a token stream [tokens, features]: the layer acts per token
+        return (s[0], nd.units)
     if len(s) != 1:
         raise _invalid(
             f"dense node '{nd.id}' gets a feature map of shape {list(s)}",
@@ -48,6 +60,8 @@ def _dense(nd, s: Shape) -> Shape:
 
 
 def _conv(nd, s: Shape) -> Shape:
+    if len(s) == 2:
+        raise _sequence_refusal(nd, "reads")
     if len(s) != 3:
         raise _invalid(
             f"conv node '{nd.id}' gets a vector of shape {list(s)}",
@@ -64,6 +78,8 @@ def _conv(nd, s: Shape) -> Shape:
 
 
 def _pool(nd, s: Shape) -> Shape:
+    if len(s) == 2:
+        raise _sequence_refusal(nd, "reads")
     if len(s) != 3:
         raise _invalid(
             f"{nd.op} node '{nd.id}' gets a vector of shape {list(s)}",
@@ -84,6 +100,8 @@ def _pool(nd, s: Shape) -> Shape:
 
 
 def _global_pool(nd, s: Shape) -> Shape:
+    if len(s) == 2:
+        raise _sequence_refusal(nd, "reads")
     if len(s) != 3:
         raise _invalid(
             f"global_avg_pool node '{nd.id}' gets a vector of shape {list(s)}",
@@ -115,6 +133,8 @@ def _sum(nd, in_shapes: list[Shape]) -> Shape:
 
 def _concat(nd, in_shapes: list[Shape]) -> Shape:
     s = in_shapes[0]
+    if any(len(x) == 2 for x in in_shapes):
+        raise _sequence_refusal(nd, "joins")
     if len({len(x) for x in in_shapes}) != 1 or (len(s) == 3 and len({x[1:] for x in in_shapes}) != 1):
         raise _invalid(
             f"concat node '{nd.id}' joins shapes {[list(x) for x in in_shapes]}",
@@ -123,15 +143,53 @@ def _concat(nd, in_shapes: list[Shape]) -> Shape:
     return (sum(x[0] for x in in_shapes),) + tuple(s[1:])
 
 
+def _flatten(nd, s: Shape) -> Shape:
+    if len(s) == 2:
+        raise _sequence_refusal(nd, "reads")
+    return (math.prod(s),)
+
+
+def _layer_norm(nd, s: Shape) -> Shape:
+    if len(s) != 2:
+        raise _invalid(
+            f"layer_norm node '{nd.id}' gets shape {list(s)}, not a token stream",
+            'layer_norm normalizes each token of a sequence: give the input node "sequence": true and shape '
+            "[tokens, features]",
+        )
+    return s
+
+
+def _attention(nd, in_shapes: list[Shape]) -> Shape:
+    """Query, key and value: token streams of one shape whose features the heads divide."""
+    if any(len(x) != 2 for x in in_shapes):
+        raise _invalid(
+            f"attention node '{nd.id}' reads shapes {[list(x) for x in in_shapes]}, not token streams",
+            'attention mixes tokens: give the input node "sequence": true and shape [tokens, features]',
+        )
+    s = in_shapes[0]
+    if in_shapes.count(s) != 3:
+        raise _invalid(
+            f"attention node '{nd.id}' reads query, key and value of shapes {[list(x) for x in in_shapes]}",
+            "query, key and value must be dense nodes with equal units reading the same node",
+        )
+    if s[1] % nd.heads:
+        raise _invalid(
+            f"attention node '{nd.id}' has {nd.heads} heads for {s[1]} features",
+            "the query/key/value units must be a multiple of heads",
+        )
+    return s
+
+
 _ONE_INPUT = {
     "dense": _dense,
     "conv": _conv,
     "avg_pool": _pool,
     "max_pool": _pool,
     "global_avg_pool": _global_pool,
-    "flatten": lambda nd, s: (math.prod(s),),
+    "flatten": _flatten,
+    "layer_norm": _layer_norm,
 }
-_MANY_INPUTS = {"sum": _sum, "concat": _concat}
+_MANY_INPUTS = {"sum": _sum, "concat": _concat, "attention": _attention}
 
 
 def node_shape(nd, in_shapes: list[Shape]) -> Shape:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from .activations import ActivationName, canonical_name
 from .graph import Graph, Template
@@ -17,6 +17,7 @@ from .graph import Graph, Template
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
 Method = Literal["tat", "dks", "eoc", "sparse_eoc", "geometric"]
+SEQUENCE_METHODS = ("tat", "dks")  # the methods that solve sequence graphs (attention, layer_norm)
 # The targets each method reads (contract section 2's table; the engine's registry is built on it).
 # Any other target must be absent or null: the validator answers 422 invalid_target otherwise, and
 # the JSON Schema says the same (``_targets_by_method``), so a schema-valid request is one it takes.
@@ -70,6 +71,66 @@ class TrainableOptions(BaseModel):
     )
 
 
+# Attention shapings (He, Martens et al., arXiv:2302.10322, sections 3-4; Noci et al., arXiv:2306.17759)
+# and the request keys each one takes besides ``shaping``.
+SHAPING_KEYS: dict[str, tuple[str, ...]] = {
+    "e-spa": ("final_gamma",),
+    "u-spa": ("final_rho",),
+    "value-skipinit": (),
+    "shaped": ("temperature",),
+}
+DEFAULT_FINAL_GAMMA = 0.005
+DEFAULT_FINAL_RHO = 0.8
+DEFAULT_TEMPERATURE = 1.0
+
+
+class AttentionRequest(BaseModel):
+    """How to shape every ``attention`` node (required iff the graph has one; contract section 2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shaping: Literal["e-spa", "u-spa", "value-skipinit", "shaped"] = Field(
+        description="e-spa: exponential target kernels exp(-gamma_l |i-j|) (He et al. section 3); u-spa: uniform "
+        "targets (1 - rho_l) I + rho_l 11^T; value-skipinit: A = alpha I + beta softmax, alpha 1 and beta 0 at init "
+        "(section 4); shaped: A = I + softmax(logits / tau) - softmax(mask) (Noci et al.)"
+    )
+    final_gamma: Annotated[StrictFloat, Field(gt=0.0, le=50.0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="e-spa: gamma_L of the last attention layer's target kernel (default 0.005, the default of a "
+        "public re-implementation of the paper)",
+    )
+    final_rho: Annotated[StrictFloat, Field(ge=0.0, lt=1.0, allow_inf_nan=False)] | None = Field(
+        default=None, description="u-spa: rho_L of the last attention layer's target kernel (default 0.8, ours)"
+    )
+    temperature: Annotated[StrictFloat, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = Field(
+        default=None, description="shaped: tau_0 in tau = tau_0 sqrt(d_model d_head) (default 1)"
+    )
+
+    @model_validator(mode="after")
+    def _keys_of_the_shaping(self):
+        allowed = SHAPING_KEYS[self.shaping]
+        extra = [k for k in ("final_gamma", "final_rho", "temperature") if getattr(self, k) is not None]
+        extra = [k for k in extra if k not in allowed]
+        if extra:
+            raise ValueError(
+                f"shaping {self.shaping!r} does not take {', '.join(extra)} "
+                f"(it takes {', '.join(allowed) or 'nothing'})"
+            )
+        return self
+
+    def parameters(self) -> dict[str, float]:
+        """The shaping's parameters with their defaults: what the answer is solved for (and keyed on)."""
+        defaults = {
+            "final_gamma": DEFAULT_FINAL_GAMMA,
+            "final_rho": DEFAULT_FINAL_RHO,
+            "temperature": DEFAULT_TEMPERATURE,
+        }
+        return {
+            k: float(getattr(self, k) if getattr(self, k) is not None else defaults[k])
+            for k in SHAPING_KEYS[self.shaping]
+        }
+
+
 def _targets_by_method(schema: dict) -> None:
     """JSON Schema of ``SolveRequest``: which targets each method takes, as ``METHOD_TARGETS`` says
     (one branch per method; a target the method does not read may only be null)."""
@@ -82,6 +143,39 @@ def _targets_by_method(schema: dict) -> None:
             }
         }
         for method, used in METHOD_TARGETS.items()
+    ]
+    schema["allOf"] = _sequence_rules()
+
+
+# a graph with token streams: the transformer template, or nodes with attention / layer_norm / a sequence input
+_SEQUENCE_OPS = {"properties": {"op": {"enum": ["attention", "layer_norm"]}}, "required": ["op"]}
+_SEQUENCE_INPUT = {"properties": {"sequence": {"const": True}}, "required": ["sequence"]}
+_ATTENTION_NODE = {"properties": {"op": {"const": "attention"}}, "required": ["op"]}
+_TRANSFORMER = {"properties": {"template": {"const": "transformer"}}, "required": ["template"]}
+
+
+def _graph_with(nodes: dict, template: bool) -> dict:
+    """A request whose graph is the transformer template (``template``) or has a node matching ``nodes``."""
+    graphs = [{"properties": {"nodes": {"contains": nodes}}, "required": ["nodes"]}]
+    if template:
+        graphs.append(_TRANSFORMER)
+    return {"properties": {"graph": {"anyOf": graphs}}, "required": ["graph"]}
+
+
+def _sequence_rules() -> list[dict]:
+    """JSON Schema of the sequence rules (contract section 2, ``attention``): a graph with attention
+    nodes needs ``attention``, any other graph takes none; a sequence graph is solved by tat or dks."""
+    has_attention = _graph_with(_ATTENTION_NODE, template=True)
+    return [
+        {
+            "if": has_attention,
+            "then": {"required": ["attention"], "properties": {"attention": {"type": "object"}}},
+            "else": {"properties": {"attention": {"type": "null"}}},
+        },
+        {
+            "if": _graph_with({"anyOf": [_SEQUENCE_OPS, _SEQUENCE_INPUT]}, template=True),
+            "then": {"properties": {"method": {"enum": list(SEQUENCE_METHODS)}}},
+        },
     ]
 
 
@@ -103,6 +197,10 @@ class SolveRequest(BaseModel):
         default="first",
         description="first: the root the search takes (contract: root selection); all: also look for the other "
         "roots of the same conditions (tat and dks with smooth functions) and list them in other_roots",
+    )
+    attention: AttentionRequest | None = Field(
+        default=None,
+        description="how to shape the graph's attention nodes; required iff the graph has one (methods tat and dks)",
     )
     assumptions: Literal["strict", "warn"] = Field(
         default="strict",
@@ -277,6 +375,48 @@ class ActivationParams(BaseModel):
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
+class AttentionLayer(BaseModel):
+    node: str = Field(description="id of the attention node")
+    generator: dict = Field(
+        description="the node's matrix at initialization in compact form, as sigprop.schemas.attention_init."
+        "expand_attention reads it"
+    )
+
+
+class AttentionAnswer(BaseModel):
+    shaping: str
+    parameters: dict[str, float] = Field(default_factory=dict, description="the shaping's parameters, defaults filled")
+    layers: list[AttentionLayer]
+
+
+class ScheduleEntry(BaseModel):
+    node: str
+    gamma: float | None = Field(default=None, description="e-spa: gamma_l of this layer's target kernel")
+    rho: float | None = Field(default=None, description="u-spa: rho_l of this layer's target kernel")
+    diagonal: float | None = Field(
+        default=None, description="e-spa: alpha_l = sqrt(1 - exp(-2 gamma_l)), the target's Cholesky diagonal"
+    )
+
+
+class TokenKernel(BaseModel):
+    """The T x T kernel of one sequence at infinite width, for orthonormal input tokens (q = 1 each)."""
+
+    input: Literal["orthonormal"] = "orthonormal"
+    tokens: int = Field(description="T, the sequence length")
+    output: list[list[float]] | None = Field(
+        default=None, description="the predicted output token kernel (T x T), when T <= the engine's limit"
+    )
+    leading: list[list[float]] | None = Field(
+        default=None,
+        description="when T is over the limit: the output kernel of the first leading_tokens tokens (exact: at "
+        "initialization every attention matrix is lower triangular or the identity, so a prefix of tokens "
+        "never reads the tokens after it)",
+    )
+    leading_tokens: int | None = None
+    target: dict | None = Field(default=None, description="the schedule's last target kernel family")
+    schedule: list[ScheduleEntry] = Field(default_factory=list)
+
+
 class Solution(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -355,6 +495,8 @@ class Solution(BaseModel):
     )
     graph_summary: GraphSummary | None = None
     c_map: CMapSample | None = None
+    attention: AttentionAnswer | None = None
+    token_kernel: TokenKernel | None = None
     layers: list[LayerInit] = Field(default_factory=list)
     cached: bool = False
     warnings: list[str] = Field(default_factory=list)

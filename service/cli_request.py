@@ -50,6 +50,12 @@ def add_request_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init", choices=["orthogonal", "gaussian"], help="weight distribution")
     g.add_argument("--assumptions", choices=["strict", "warn"], help="strict (default) or warn")
     g.add_argument("--roots", choices=["first", "all"], help="first (default) or all: also list the other roots")
+    g.add_argument(
+        "--attention",
+        metavar="SHAPING",
+        help="a sequence graph's attention shaping: e-spa, u-spa, value-skipinit, shaped, or its JSON object "
+        '(\'{"shaping": "e-spa", "final_gamma": 0.01}\')',
+    )
 
 
 def _param_value(text: str):
@@ -73,7 +79,7 @@ def template_params(args) -> dict:
 
 def has_request_flags(args) -> bool:
     targets = any(getattr(args, f"target_{key}") is not None for _, key in TARGET_FLAGS)
-    fields = (args.template, args.method, args.activation, args.init, args.assumptions, args.roots)
+    fields = (args.template, args.method, args.activation, args.init, args.assumptions, args.roots, args.attention)
     return targets or any(f is not None for f in fields) or bool(template_params(args))
 
 
@@ -101,6 +107,9 @@ def apply_flags(request: dict | None, args) -> dict:
     for key in ("method", "activation", "init", "assumptions", "roots"):
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
+    if args.attention is not None:
+        given = _param_value(args.attention)
+        out["attention"] = given if isinstance(given, dict) else {"shaping": args.attention}
     targets = {key: getattr(args, f"target_{key}") for _, key in TARGET_FLAGS}
     targets = {k: v for k, v in targets.items() if v is not None}
     if targets:

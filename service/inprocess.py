@@ -29,6 +29,7 @@ def solve(
     trainable: Mapping[str, Any] | None = None,
     c_map_points: int | None = None,
     assumptions: str | None = None,
+    attention: Mapping[str, Any] | None = None,
 ) -> Solution:
     """The answer to a solve request, computed here.
 
@@ -61,7 +62,9 @@ def solve(
                 "sigprop.solve: a graph was given with a method but no activation",
                 'e.g. sigprop.solve(graph, "tat", "leaky_relu", {"eta": 0.9})',
             )
-        data = solve_body(request_or_graph, method, activation, targets, init, trainable, c_map_points, assumptions)
+        data = solve_body(
+            request_or_graph, method, activation, targets, init, trainable, c_map_points, assumptions, attention
+        )
     # a round trip through JSON text: the strict parser sees exactly what the service would
     data = json.loads(json.dumps(data, allow_nan=False))
     # the limits `sigprop solve` applies, from the same environment (settings.offline_limits)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from .engine.limits import Limits
+from .engine.graph import ATTENTION
+from .engine.limits import MAX_TOKEN_KERNEL, Limits, token_work
 from .engine.solve import Prepared, prepare
 from .engine.template_builder import TemplateSize
 from .engine.templates import TEMPLATES
@@ -151,7 +152,30 @@ def prepare_admitted(admitted: Admitted, limits: Limits) -> Prepared:
         depth = prep.graph.depth()
         if depth > limits.max_depth:
             raise too_deep(depth, limits.max_depth)
+    check_tokens(prep.graph, limits)
     return prep
+
+
+def check_tokens(graph, limits: Limits) -> None:
+    """Refuse (413) a sequence graph whose tokens or token-kernel propagation exceed the limits."""
+    tokens = max((nd.shape[0] for nd in graph.nodes if nd.attrs.get("sequence")), default=0)
+    if not tokens:
+        return
+    if limits.max_seq_len is not None and tokens > limits.max_seq_len:
+        raise SigpropError(
+            "graph_too_large",
+            f"the graph's sequences have {tokens} tokens, more than this service's limit of {limits.max_seq_len}",
+            "use a shorter seq_len (the answer's attention generators hold for any length)",
+        )
+    attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
+    work = token_work(tokens, attention, graph.n - attention)
+    if limits.max_token_work is not None and work > limits.max_token_work:
+        raise SigpropError(
+            "graph_too_large",
+            f"the token-kernel propagation of {attention} attention nodes over {min(tokens, MAX_TOKEN_KERNEL)} "
+            f"tokens costs {work:.3g}, more than this service's budget of {limits.max_token_work:.3g}",
+            "use fewer blocks or a shorter seq_len",
+        )
 
 
 def prepare_data(data, limits: Limits) -> Prepared:

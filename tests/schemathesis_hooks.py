@@ -34,6 +34,7 @@ BEYOND_SCHEMA = (
     re.compile(r"^densenet depth \d+ is not supported"),  # 6n+4: no JSON Schema keyword says "4 mod 6"
     re.compile(r"^template '\w+' expands to an invalid graph"),  # e.g. channels past a node's bounds
     re.compile(r"^input_shape \[[0-9, ]*\] is too small for template"),  # the poolings its depth brings
+    re.compile(r"^transformer width \d+ is not a multiple of heads"),  # no JSON Schema keyword relates two fields
 )
 # The contract refuses a float for an integer ("depth": 5.0, docs/contract.md section 2), and JSON
 # Schema cannot say so: its "integer" is any number with a zero fractional part, 5.0 included.

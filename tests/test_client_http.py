@@ -206,7 +206,7 @@ def test_templates_and_template_expansion(client):
     cnn = client.template("cnn", depth=2, input_shape=[3, 8, 8])  # a list travels as JSON text
     assert [n["shape"] for n in cnn["nodes"] if n["op"] == "input"] == [[3, 8, 8]]
     with pytest.raises(SigpropError) as unknown:
-        client.template("transformer")
+        client.template("unet")
     assert (unknown.value.code, unknown.value.status) == ("not_found", 404)
     with pytest.raises(SigpropError) as bad:
         client.template("resnet", depth=19)
@@ -243,7 +243,7 @@ ATTENTION = {
     "schema": "sigprop.graph/v1",
     "nodes": [
         {"id": "x", "op": "input", "shape": [4]},
-        {"id": "t", "op": "attention", "inputs": ["x"]},
+        {"id": "t", "op": "lstm", "inputs": ["x"]},
         {"id": "out", "op": "output", "inputs": ["t"]},
     ],
 }

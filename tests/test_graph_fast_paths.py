@@ -27,6 +27,8 @@ def reference_sum_order(topo, default_activation) -> dict:
     digest, ordered = {}, {}
     for nd in topo:
         attrs = nd.model_dump(exclude={"id", "inputs", "weights"})
+        if nd.op == "input" and not attrs["sequence"]:  # added later: written only when true
+            del attrs["sequence"]
         if nd.op == "activation":
             attrs["fn"] = nd.fn or default_activation
         ins, weights = list(nd.inputs), None
@@ -183,3 +185,13 @@ def test_template_nodes_errors_are_expand_template_errors():
             assert info.value.to_dict() == err.to_dict()
         else:
             assert [n.__dict__ for n in expand_template_nodes(t).nodes] == [n.__dict__ for n in expected.nodes]
+
+
+def test_structural_hash_of_a_sequence_graph_as_defined():
+    nodes = [{"id": "x", "op": "input", "shape": [4, 8], "sequence": True}]
+    for i, src in enumerate(["x", "d0", "s1"]):
+        nodes += [{"id": f"d{i}", "op": "dense", "inputs": [src], "units": 8},
+                  {"id": f"s{i + 1}", "op": "sum", "inputs": [src, f"d{i}"]}]  # fmt: skip
+    nodes.append({"id": "out", "op": "output", "inputs": ["s3"]})
+    graph = Graph.model_validate({"nodes": nodes})
+    assert G._canonical_sum_order(graph.nodes, None) == reference_sum_order(graph.nodes, None)

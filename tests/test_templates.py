@@ -437,7 +437,7 @@ def test_the_template_names_and_fields_are_the_wires_and_the_engine_describes_ex
 def test_describe_templates():
     d = describe_templates()
     json.dumps(d)
-    assert tuple(t["name"] for t in d) == TEMPLATE_NAMES == ("mlp", "resnet", "densenet", "cnn")
+    assert tuple(t["name"] for t in d) == TEMPLATE_NAMES == ("mlp", "resnet", "densenet", "cnn", "transformer")
     params = {t["name"]: {p["name"]: p for p in t["parameters"]} for t in d}
     assert params["resnet"]["depth"]["allowed"] == [18, 34, 50, 101, 152, 200]
     assert params["resnet"]["depth"]["required"] is True

@@ -65,7 +65,8 @@ def template_rules() -> list[dict]:
             elif p["required"]:
                 properties[field] = {"not": {"type": "null"}}
         required = [field for field, p in params.items() if p["required"]]
-        branches.append({"properties": properties, **({"required": required} if required else {})})
+        rules = {"allOf": list(spec.rules)} if spec.rules else {}
+        branches.append({"properties": properties, **({"required": required} if required else {}), **rules})
     return branches
 
 

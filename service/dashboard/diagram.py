@@ -30,9 +30,25 @@ OP_COLORS = {
     "flatten": "#868e96",
     "dropout": "#adb5bd",
     "identity": "#868e96",
+    "attention": "#e8590c",
+    "layer_norm": "#5c940d",
 }
 OP_SHAPES = {"input": "diamond", "output": "diamond", "sum": "sum", "concat": "square", "activation": "triangle"}
-NODE_ATTRS = ("units", "channels", "kernel", "stride", "padding", "fn", "weights", "shape", "rate", "bias")
+NODE_ATTRS = (
+    "units",
+    "channels",
+    "kernel",
+    "stride",
+    "padding",
+    "fn",
+    "weights",
+    "shape",
+    "rate",
+    "bias",
+    "sequence",
+    "heads",
+    "causal",
+)
 
 
 def wire_nodes(request: Any) -> tuple[list[dict], str | None]:

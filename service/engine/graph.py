@@ -26,6 +26,9 @@ from ..schemas.shapes import ARITY, check_arity, node_shape
 
 # Kinds of node for the Q/C map analysis (TAT paper section 2.3, Appendix B.4).
 SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
+# Token mixing and per-token normalization (sequence graphs, ``engine.sequence_graph``): the Q/C
+# analysis reads them through that module's scalar view, never directly.
+ATTENTION, NORM = "attention", "norm"
 
 _KIND = {
     "input": SOURCE,
@@ -41,6 +44,8 @@ _KIND = {
     "dropout": PASS,
     "identity": PASS,
     "output": PASS,
+    "attention": ATTENTION,
+    "layer_norm": NORM,
 }
 
 
@@ -207,7 +212,9 @@ def _sum_attrs(nd, n: int) -> dict:
 # (global_avg_pool, flatten, concat, identity, output) or are the most common, written out in
 # ``_canonical_nodes`` (activation: its function; dense: units and bias).
 _ATTRS = {
-    "input": lambda nd, n: {"shape": list(nd.shape)},
+    # "sequence" only when set, so graphs without token streams keep their canonical form and cache keys
+    "input": lambda nd, n: {"shape": list(nd.shape), **({"sequence": True} if getattr(nd, "sequence", False) else {})},
+    "attention": lambda nd, n: {"heads": nd.heads, "causal": nd.causal},
     "conv": _conv_attrs,
     "avg_pool": _pool_attrs,
     "max_pool": _pool_attrs,
@@ -501,7 +508,10 @@ def _attrs_text(nd, default_activation, texts: dict) -> str:
     layout = _LAYOUTS.get(type(nd))
     if layout is None:
         # the keys of model_dump(): a node model has neither computed nor excluded fields
-        names = tuple(sorted(name for name in type(nd).model_fields if name not in ("id", "inputs", "weights")))
+        # an input's "sequence" (token streams, added later) is left out, and written only when true
+        # (below), so the hashes, hence canonical graphs and cache keys, of other graphs stay as they were
+        skip = ("id", "inputs", "weights", "sequence")
+        names = tuple(sorted(name for name in type(nd).model_fields if name not in skip))
         getter = operator.attrgetter(*names)
         layout = _LAYOUTS[type(nd)] = (
             names,
@@ -509,6 +519,8 @@ def _attrs_text(nd, default_activation, texts: dict) -> str:
             names.index("fn") if "fn" in names else -1,
         )
     names, values_of, fn = layout
+    if nd.op == "input" and getattr(nd, "sequence", False):
+        return json.dumps({**dict(zip(names, values_of(nd), strict=True)), "sequence": True}, sort_keys=True)
     values = values_of(nd)
     types = tuple(map(type, values))
     key = (type(nd), values, types) if _SCALARS.issuperset(types) else None

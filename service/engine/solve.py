@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..errors import SigpropError
 from ..schemas.graph import Template
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
@@ -26,6 +27,8 @@ from .graph import SUM, NetworkGraph, Node, build_graph
 from .limits import Limits
 from .methods import METHOD_TARGETS, METHODS, MethodInput, check_targets
 from .program import compile_program
+from .sequence_graph import SequenceView, check_sequence_request, is_sequence_graph, scalar_view
+from .sequence_solve import complete_sequence_answer
 from .template_builder import TemplateSize
 from .templates import expand_template_nodes
 
@@ -90,6 +93,8 @@ def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
         payload["roots"] = request.roots
     if request.assumptions != "strict":  # the default leaves the key as it was
         payload["assumptions"] = request.assumptions
+    if request.attention is not None:  # absent: the key as it was
+        payload["attention"] = {"shaping": request.attention.shaping, **request.attention.parameters()}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     text = text.replace(json.dumps(_GRAPH_SLOT), graph.canonical_json(), 1)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -139,11 +144,15 @@ def solve_canonical(prep: Prepared) -> Solution:
     """The answer on the anonymized graph: what the cache stores under ``prep.key``."""
     request, method = prep.request, METHODS[prep.request.method]
     anonymous = Prepared(request, prep.graph.anonymized(), prep.key)
-    graph = anonymous.graph
-    report = structure_report(graph.nodes)
+    full = graph = anonymous.graph
     # refused (strict, naming the request's own ids) before any solving: the check is one linear pass
     named = prep.graph if request.assumptions == "strict" else graph
-    notes = check_structure([nd.user_id for nd in named.nodes], report, request.assumptions) if method.kernel else []
+    names = [nd.user_id for nd in named.nodes]
+    view = _sequence_view(graph, prep.graph, request)
+    if view is not None:  # the activations are solved on the scalar view (engine.sequence_graph)
+        graph, names = view.graph, [names[i] for i in view.origin]
+    report = structure_report(graph.nodes)
+    notes = check_structure(names, report, request.assumptions) if method.kernel else []
     answer = method.build(
         MethodInput(request, graph, prep.key, compile_program(graph, report), report, check_targets(request))
     )
@@ -159,10 +168,34 @@ def solve_canonical(prep: Prepared) -> Solution:
             answer.sum_scales = {graph.nodes[v].user_id: float(s) for v, s in sorted(report.sum_scales.items())}
         if answer.c_map is not None:
             answer.c_map.scope = "location" if report.convolutional else "example"
+    if view is not None:
+        complete_sequence_answer(answer, full, view, request)
     if request.trainable is not None:
         answer.trainable, notes = _trainable(anonymous, answer)
         answer.warnings.extend(notes)
     return answer
+
+
+def _sequence_view(graph: NetworkGraph, named: NetworkGraph, request: SolveRequest) -> SequenceView | None:
+    """The scalar view of a sequence graph (refusing what it does not cover, naming ``named``'s ids),
+    None for another graph; an ``attention`` key is refused on a graph without attention nodes."""
+    if not is_sequence_graph(graph):
+        if request.attention is not None:
+            raise SigpropError(
+                "invalid_request",
+                "the request has an 'attention' shaping but the graph has no attention node",
+                "leave 'attention' out, or solve a sequence graph (an 'attention' node, or the 'transformer' template)",
+            )
+        return None
+    check_sequence_request(named, request)
+    view = scalar_view(graph, named)
+    if not view.attention and request.attention is not None:
+        raise SigpropError(
+            "invalid_request",
+            "the request has an 'attention' shaping but the graph has no attention node",
+            "leave 'attention' out for a sequence graph without attention",
+        )
+    return view
 
 
 # how close to the identity a local C map may be before the answer says the network is linear

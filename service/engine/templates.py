@@ -41,6 +41,9 @@ Templates
     every case. Here every v1 block ends with an activation, so the graph's C map agrees with
     the reference ``subnet_max_func`` (and a ``shortcut_weight`` of 0 and of 1e-9 give nearly
     the same network).
+``transformer``
+    Self-attention + MLP blocks on a token stream, shortcuts and pre-LN norms as switches
+    (``engine.transformer_template``).
 ``densenet``
     DenseNet-BC (bottleneck layers, compression 0.5) without batch norm, after torchvision's
     ``DenseNet``: depths 121/169/201/264 are the ImageNet networks (stem conv 7x7 stride 2 ->
@@ -92,6 +95,13 @@ from .template_builder import (
     _image_shape,
     _param,
     _require_depth,
+)
+from .transformer_template import (
+    TRANSFORMER_DESCRIPTION,
+    TRANSFORMER_PARAMETERS,
+    TRANSFORMER_RULES,
+    transformer,
+    transformer_size,
 )
 
 # Expansion guard besides the node limit (``max_nodes``): the quadratic concat lists of a very deep
@@ -476,6 +486,8 @@ class TemplateSpec:
     parameters: tuple[dict, ...]
     expand: Callable[[Template], _Builder]
     size: Callable[[Template], TemplateSize | None]
+    # JSON Schema rules between its parameters (the OpenAPI description adds them to its branch)
+    rules: tuple[dict, ...] = ()
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -493,6 +505,14 @@ TEMPLATES: dict[str, TemplateSpec] = {
         TemplateSpec("resnet", _RESNET_DESCRIPTION, _RESNET_PARAMETERS, _resnet, _resnet_size),
         TemplateSpec("densenet", _DENSENET_DESCRIPTION, _DENSENET_PARAMETERS, _densenet, _densenet_size),
         TemplateSpec("cnn", _CNN_DESCRIPTION, _CNN_PARAMETERS, _cnn, _cnn_size),
+        TemplateSpec(
+            "transformer",
+            TRANSFORMER_DESCRIPTION,
+            TRANSFORMER_PARAMETERS,
+            transformer,
+            transformer_size,
+            TRANSFORMER_RULES,
+        ),
     )
 }
 

@@ -1,0 +1,363 @@
+"""Sequence graphs end to end (issue 28): the transformer template, E-SPA / U-SPA / Value-SkipInit /
+shaped attention solved with TAT in-process, by ``sigprop solve`` and over HTTP, the answer's
+generators, and its predicted output token kernel against an independent dense numpy propagation.
+
+The reference propagation below is written from the papers, not from the engine: "Deep Transformers
+without Shortcuts" (He, Martens et al., arXiv:2302.10322) section 3 for E-SPA (Sigma_l =
+exp(-gamma_l |i - j|), A_l = chol(Sigma_l) chol(Sigma_(l-1))^-1, the schedule alpha_l = alpha_L^(l/L)),
+and the arc-cosine kernel of Leaky ReLU for the MLP blocks (numpy's Cholesky, explicit formulas).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+import sigprop
+from sigprop.cli import main
+from sigprop.engine.limits import MAX_TOKEN_KERNEL
+from sigprop.engine.templates import TEMPLATES, expand_template
+from sigprop.errors import SigpropError
+from sigprop.schemas import Template
+from sigprop.schemas.attention_init import expand_attention
+
+from .service_fixtures import start_service
+
+
+def request(shaping: dict | None = None, eta: float = 0.3, **template) -> dict:
+    graph = {"template": "transformer", "depth": 3, "seq_len": 6, "width": 16, "heads": 2, **template}
+    body = {"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": {"eta": eta}}
+    if shaping is not None:
+        body["attention"] = shaping
+    return body
+
+
+ESPA = {"shaping": "e-spa"}
+W_SKIP = math.sqrt(0.5)  # the template's default shortcut weight
+
+
+# -- the independent reference ---------------------------------------------------------------------
+
+
+def leaky_relu_kernel(k: np.ndarray, a: float, scale: float) -> np.ndarray:
+    """E[phi(u) phi(v)] for phi = scale * leaky_relu_a, (u, v) ~ N(0, [[K_ii, K_ij], [K_ij, K_jj]]):
+    sqrt(K_ii K_jj) scale^2 ((1 + a^2)/2 c + (1 - a)^2 / (2 pi) (sqrt(1 - c^2) - c arccos c))."""
+    d = np.sqrt(np.diag(k))
+    c = np.clip(k / np.outer(d, d), -1.0, 1.0)
+    g = np.sqrt(1.0 - c * c) - c * np.arccos(c)
+    return scale**2 * np.outer(d, d) * ((1 + a * a) / 2 * c + (1 - a) ** 2 / (2 * math.pi) * g)
+
+
+def espa_matrices(final_gamma: float, layers: int, t: int) -> list[np.ndarray]:
+    """The paper's E-SPA matrices from numpy's Cholesky factors."""
+    alpha_last = math.sqrt(1 - math.exp(-2 * final_gamma))
+    idx = np.arange(t)
+    lag = np.abs(idx[:, None] - idx[None, :])
+    previous = np.eye(t)
+    out = []
+    for layer in range(1, layers + 1):
+        gamma = -0.5 * math.log(1 - alpha_last ** (2 * layer / layers))
+        sigma = np.exp(-gamma * lag)
+        out.append(np.linalg.cholesky(sigma) @ np.linalg.inv(np.linalg.cholesky(previous)))
+        previous = sigma
+    return out
+
+
+def uspa_matrices(final_rho: float, layers: int, t: int) -> list[np.ndarray]:
+    previous, out = np.eye(t), []
+    for layer in range(1, layers + 1):
+        rho = 1 - (1 - final_rho) ** (layer / layers)
+        sigma = (1 - rho) * np.eye(t) + rho
+        out.append(np.linalg.cholesky(sigma) @ np.linalg.inv(np.linalg.cholesky(previous)))
+        previous = sigma
+    return out
+
+
+def reference_output(mixers, a: float, scale: float, shortcuts=False, norms=False, w_skip=W_SKIP):
+    """The transformer template's token kernel from orthonormal tokens, op by op (dense layers keep
+    the kernel: q-preserving weights, zero biases)."""
+    w_branch = math.sqrt(1 - w_skip**2)
+    h = np.eye(mixers[0].shape[0])
+
+    def ln(k):
+        d = np.sqrt(np.diag(k))
+        return k / np.outer(d, d)
+
+    for a_l in mixers:
+        x = a_l @ (ln(h) if norms else h) @ a_l.T
+        if shortcuts:
+            x = w_skip**2 * h + w_branch**2 * x
+        m = leaky_relu_kernel(ln(x) if norms else x, a, scale)
+        h = w_skip**2 * x + w_branch**2 * m if shortcuts else m
+    return h
+
+
+# -- template ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shortcuts", [False, True])
+@pytest.mark.parametrize("norms", [False, True])
+def test_template_expands_with_the_documented_ids_and_size(shortcuts, norms):
+    t = Template(template="transformer", depth=2, seq_len=8, width=16, heads=2, shortcuts=shortcuts, norms=norms)
+    graph = expand_template(t)
+    ids = [nd.id for nd in graph.nodes]
+    block = ["q", "k", "v", "attn", "proj", "fc1", "act", "fc2"]
+    block += ["res1", "res2"] if shortcuts else []
+    block += ["ln1", "ln2"] if norms else []
+    assert sorted(ids) == sorted(["x", "out"] + [f"b{i}.{n}" for i in range(2) for n in block])
+    size = TEMPLATES["transformer"].size(t)
+    assert size.nodes == len(graph.nodes) and size.edges == sum(len(nd.inputs) for nd in graph.nodes)
+    by_id = {nd.id: nd for nd in graph.nodes}
+    assert by_id["x"].shape == [8, 16] and by_id["x"].sequence is True
+    assert by_id["b1.attn"].inputs == ["b1.q", "b1.k", "b1.v"] and by_id["b1.attn"].causal is True
+    assert by_id["b0.fc1"].units == 64
+    if shortcuts:
+        w = by_id["b0.res2"].weights
+        assert w[0] == pytest.approx(math.sqrt(0.5)) and w[0] ** 2 + w[1] ** 2 == pytest.approx(1.0)
+
+
+def test_template_refuses_heads_that_do_not_divide_width():
+    with pytest.raises(SigpropError, match="multiple of heads"):
+        expand_template(Template(template="transformer", depth=1, width=10, heads=3))
+
+
+# -- solving -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shortcuts,norms", [(False, False), (True, True), (True, False), (False, True)])
+def test_espa_output_kernel_equals_an_independent_numpy_propagation(shortcuts, norms):
+    answer = sigprop.solve(request(ESPA, shortcuts=shortcuts, norms=norms))
+    tk = answer.token_kernel
+    assert tk.input == "orthonormal" and tk.tokens == 6 and tk.leading is None
+    mixers = espa_matrices(0.005, 3, 6)
+    want = reference_output(mixers, answer.negative_slope, answer.output_scale, shortcuts, norms)
+    np.testing.assert_allclose(np.array(tk.output), want, rtol=1e-9, atol=1e-12)
+    # the schedule: the paper's gammas, the last one the target
+    gammas = [s.gamma for s in tk.schedule]
+    assert gammas[-1] == pytest.approx(0.005) and gammas == sorted(gammas, reverse=True)
+    assert tk.target == {"family": "exponential", "gamma": pytest.approx(0.005)}
+    assert [s.node for s in tk.schedule] == ["b0.attn", "b1.attn", "b2.attn"]
+
+
+def test_uspa_output_kernel_equals_an_independent_numpy_propagation():
+    answer = sigprop.solve(request({"shaping": "u-spa", "final_rho": 0.6}))
+    want = reference_output(uspa_matrices(0.6, 3, 6), answer.negative_slope, answer.output_scale)
+    np.testing.assert_allclose(np.array(answer.token_kernel.output), want, rtol=1e-9, atol=1e-12)
+    assert answer.token_kernel.target == {"family": "uniform", "rho": pytest.approx(0.6)}
+
+
+def test_attention_only_stack_reaches_the_espa_target_exactly():
+    # with the identity as the MLP's activation (eta = 0: negative slope 1), the stack is attention
+    # alone, and the construction maps I to Sigma_L exactly
+    answer = sigprop.solve(request(ESPA, eta=0.0))
+    t = np.arange(6)
+    target = np.exp(-0.005 * np.abs(t[:, None] - t[None, :]))
+    np.testing.assert_allclose(np.array(answer.token_kernel.output), target, atol=1e-10)
+
+
+def test_generators_expand_with_attention_init_to_the_papers_matrices():
+    answer = sigprop.solve(request(ESPA))
+    layers = answer.attention.layers
+    assert answer.attention.shaping == "e-spa" and answer.attention.parameters == {"final_gamma": 0.005}
+    assert [x.node for x in layers] == ["b0.attn", "b1.attn", "b2.attn"]
+    for generator, want in zip((x.generator for x in layers), espa_matrices(0.005, 3, 6), strict=True):
+        init = expand_attention(generator, 6, causal=True)
+        np.testing.assert_allclose(init.matrix(), want, atol=1e-12)
+        assert np.all(init.scale > 0)
+
+
+def test_initializations_zero_queries_and_count_features_not_tokens():
+    answer = sigprop.solve(request(ESPA))
+    layers = {x.id: x for x in answer.layers}
+    assert set(layers) == {f"b{i}.{n}" for i in range(3) for n in ("q", "k", "v", "proj", "fc1", "fc2")}
+    assert layers["b0.q"].weight_variance == 0.0 and layers["b0.q"].gain == 0.0
+    assert layers["b0.k"].distribution == "scaled_uniform_orthogonal" and layers["b0.k"].weight_variance == 1 / 16
+    assert (layers["b0.fc1"].fan_in, layers["b0.fc1"].fan_out) == (16, 64)
+    assert (layers["b0.fc2"].fan_in, layers["b0.fc2"].fan_out) == (64, 16)
+    assert all(x.bias == "zeros" for x in answer.layers)
+
+
+@pytest.mark.parametrize("shaping", [{"shaping": "value-skipinit"}, {"shaping": "shaped", "temperature": 2.0}])
+def test_identity_at_init_gives_the_entrywise_mlp_composition(shaping):
+    # A = I: orthonormal tokens stay a pair of inputs at c = 0 through the MLP blocks alone, so every
+    # off-diagonal entry is the network's C_f(0) and the diagonal q = 1
+    answer = sigprop.solve(request(shaping))
+    k = np.array(answer.token_kernel.output)
+    np.testing.assert_allclose(np.diag(k), 1.0, atol=1e-12)
+    off = k[~np.eye(6, dtype=bool)]
+    np.testing.assert_allclose(off, answer.network_c_f_0, atol=1e-12)
+    assert answer.token_kernel.schedule == [] and answer.token_kernel.target == {"family": "identity"}
+    form = "value_skipinit" if shaping["shaping"] == "value-skipinit" else "shaped"
+    assert {x.generator["form"] for x in answer.attention.layers} == {form}
+    for x in answer.attention.layers:
+        np.testing.assert_allclose(expand_attention(x.generator, 6, causal=True).matrix(), np.eye(6), atol=1e-12)
+
+
+def test_activations_are_solved_with_attention_as_a_pass_through():
+    # the MLP blocks alone: the same TAT negative slope as an MLP of the same depth
+    mlp = sigprop.solve({"graph": {"template": "mlp", "depth": 3}, "method": "tat", "activation": "leaky_relu",
+                         "targets": {"eta": 0.3}})  # fmt: skip
+    answer = sigprop.solve(request(ESPA))
+    assert answer.negative_slope == pytest.approx(mlp.negative_slope, rel=1e-12)
+    assert answer.c_f_0 == pytest.approx(0.3)
+
+
+def test_long_sequences_return_the_exact_leading_block():
+    t = MAX_TOKEN_KERNEL + 8
+    long = sigprop.solve(request(ESPA, seq_len=t))
+    short = sigprop.solve(request(ESPA, seq_len=MAX_TOKEN_KERNEL))
+    assert long.token_kernel.output is None and long.token_kernel.leading_tokens == MAX_TOKEN_KERNEL
+    assert any(f"at most {MAX_TOKEN_KERNEL} tokens" in w for w in long.warnings)
+    # the generators are the same for any length, and a prefix of tokens never reads later tokens
+    assert long.attention == short.attention
+    np.testing.assert_allclose(long.token_kernel.leading, short.token_kernel.output, rtol=1e-12)
+
+
+def test_key_depends_on_the_shaping_and_not_on_defaults_spelled_out():
+    a = sigprop.solve(request(ESPA)).key
+    assert sigprop.solve(request({"shaping": "e-spa", "final_gamma": 0.005})).key == a
+    assert sigprop.solve(request({"shaping": "e-spa", "final_gamma": 0.01})).key != a
+    assert sigprop.solve(request({"shaping": "u-spa"})).key != a
+
+
+def test_dks_solves_a_transformer_too():
+    body = request(ESPA)
+    body.update(method="dks", activation="tanh", targets={"zeta": 1.5})
+    answer = sigprop.solve(body)
+    assert answer.input_scale is not None and np.isfinite(np.array(answer.token_kernel.output)).all()
+
+
+# -- refusals ----------------------------------------------------------------------------------------
+
+
+def _graph(nodes: list[dict]) -> dict:
+    return {"graph": {"nodes": nodes}, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.3},
+            "attention": ESPA}  # fmt: skip
+
+
+def _attention_graph(q_src="x", conv=False) -> list[dict]:
+    nodes = [{"id": "x", "op": "input", "shape": [4, 8], "sequence": True},
+             {"id": "y", "op": "dense", "inputs": ["x"], "units": 8}]  # fmt: skip
+    for n, src in (("q", q_src), ("k", "x"), ("v", "x")):
+        nodes.append({"id": n, "op": "dense", "inputs": [src], "units": 8})
+    nodes += [{"id": "a", "op": "attention", "inputs": ["q", "k", "v"], "heads": 2},
+              {"id": "p", "op": "dense", "inputs": ["a"], "units": 8}]  # fmt: skip
+    if conv:
+        nodes.append({"id": "c", "op": "conv", "inputs": ["p"], "channels": 4})
+    nodes.append({"id": "o", "op": "output", "inputs": ["c" if conv else "p"]})
+    return nodes
+
+
+def _refused(body: dict) -> SigpropError:
+    with pytest.raises(SigpropError) as err:
+        sigprop.solve(body)
+    return err.value
+
+
+def test_attention_without_the_attention_key_is_refused():
+    body = request()
+    err = _refused(body)
+    assert err.code == "invalid_request" and "b0.attn" in err.message and "e-spa" in err.hint
+
+
+def test_cross_attention_is_refused_naming_the_node():
+    err = _refused(_graph(_attention_graph(q_src="y")))
+    assert err.code == "unsupported_structure" and "cross-attention" in err.message and "'a'" in err.message
+
+
+def test_conv_in_a_sequence_graph_is_refused():
+    err = _refused(_graph(_attention_graph(conv=True)))
+    assert err.status == 422 and "conv node 'c'" in err.message and "token stream" in err.message
+
+
+def test_eoc_with_attention_is_refused():
+    body = request(ESPA)
+    body.update(method="eoc", activation="tanh", targets={})
+    err = _refused(body)
+    assert err.code == "unsupported_method" and "tat" in err.hint
+
+
+def test_attention_key_without_attention_nodes_is_refused():
+    body = {"graph": {"template": "mlp", "depth": 2}, "method": "tat", "activation": "leaky_relu",
+            "targets": {"eta": 0.3}, "attention": ESPA}  # fmt: skip
+    assert _refused(body).code == "invalid_request"
+
+
+def test_keys_of_another_shaping_are_refused():
+    err = _refused(request({"shaping": "e-spa", "final_rho": 0.5}))
+    assert err.code == "invalid_request" and "final_rho" in err.message
+
+
+@pytest.mark.parametrize(
+    "template,what",
+    [({"depth": 1000, "seq_len": 4096, "width": 8, "heads": 1}, "token-kernel"),
+     ({"depth": 1, "seq_len": 100_000, "width": 8, "heads": 1}, "tokens")],
+)  # fmt: skip
+def test_huge_sequences_are_priced_and_refused_before_solving(template, what):
+    start = time.perf_counter()
+    err = _refused(request(ESPA, **template))
+    assert err.code == "graph_too_large" and err.status == 413 and what in err.message
+    assert time.perf_counter() - start < 2.0
+
+
+# -- the CLI and HTTP ----------------------------------------------------------------------------------
+
+
+def test_cli_solves_a_transformer_with_the_attention_flag(capsys):
+    flags = ["--template", "transformer", "--depth", "3", "--param", "seq_len=6", "--param", "width=16",
+             "--param", "heads=2", "--method", "tat", "--activation", "leaky_relu", "--eta", "0.3"]  # fmt: skip
+    assert main(["solve", *flags, "--attention", "u-spa"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer == json.loads(sigprop.solve(request({"shaping": "u-spa"})).to_json())
+    assert main(["solve", *flags, "--attention", '{"shaping": "e-spa", "final_gamma": 0.01}']) == 0
+    assert json.loads(capsys.readouterr().out)["attention"]["parameters"] == {"final_gamma": 0.01}
+
+
+KEYS = "tk-engine-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("svc-transformer")
+    svc = start_service(tmp, {"SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": KEYS,
+                              "SIGPROP_REDIS_URL": None})  # fmt: skip
+    yield svc
+    svc.stop()
+
+
+def test_http_solves_espa_and_uspa_and_expands_the_template(server):
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEYS}"}, timeout=30) as client:
+        for shaping in (ESPA, {"shaping": "u-spa"}):
+            r = client.post("/v1/solve", json=request(shaping))
+            assert r.status_code == 200, r.text
+            assert r.json() == json.loads(sigprop.solve(request(shaping)).to_json())
+        r = client.get("/v1/templates/transformer", params={"depth": 2, "seq_len": 8, "width": 16, "heads": 2,
+                                                            "shortcuts": "true"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert {nd["id"] for nd in r.json()["nodes"]} >= {"b1.res2", "b1.attn", "x", "out"}
+        r = client.post("/v1/solve", json=request())
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+        r = client.post("/v1/solve", json=request(ESPA, depth=1000, seq_len=4096, width=8, heads=1))
+        assert r.status_code == 413 and r.json()["error"]["code"] == "graph_too_large"
+
+
+def test_token_program_reduces_kernels_to_the_largest_token_correlation():
+    from sigprop.engine.graph import build_graph
+    from sigprop.engine.token_program import TokenKernelProgram, TokenValue, max_token_correlation
+
+    graph = build_graph(expand_template(Template(template="transformer", depth=2, seq_len=5, width=8, heads=2)), "relu")
+    mixers = dict(zip([nd.index for nd in graph.nodes if nd.op == "attention"], espa_matrices(0.01, 2, 5), strict=True))
+    program = TokenKernelProgram(graph, mixers)
+    relu = lambda v, _slot: TokenValue(leaky_relu_kernel(v.kernel, 0.0, math.sqrt(2.0)))  # noqa: E731
+    out = program.global_map(np.eye(5), relu).kernel
+    want = reference_output(list(mixers.values()), 0.0, math.sqrt(2.0))
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+    values = program.candidate_values(np.eye(5), relu)
+    assert len(values) == graph.n and values[0] == 0.0  # orthonormal input tokens
+    assert max(values) == pytest.approx(max_token_correlation(out)) and values[-1] == max(values)
+    assert program.argmax(np.eye(5), relu) == "the whole network"
