@@ -241,7 +241,9 @@ def evaluate_lm(model: CharLM, windows: torch.Tensor, chunk: int = 64) -> tuple[
                 w = windows[i : i + chunk]
                 logits = model(w[:, :-1])
                 target = w[:, 1:]
-                loss_sum += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"))
+                loss_sum += float(
+                    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum")
+                )
                 correct += int((logits.argmax(-1) == target).sum())
                 count += target.numel()
     finally:
