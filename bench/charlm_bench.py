@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--shaping", default="e-spa")
     ap.add_argument("--arms", default="solved,shortcuts,standard")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default=None, help="train only these arms (comma-separated): one process per arm")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "charlm_bench.json"))
     args = ap.parse_args()
 
@@ -83,7 +84,8 @@ def main() -> None:
             print(f"  {p['run']}: step {p['run_step']}/{p['run_total']} loss {p['loss']}", flush=True)
 
     t0 = time.perf_counter()
-    res = run_charlm_validation(request, graph, sol, progress=progress)
+    only = tuple(args.only.split(",")) if args.only else None
+    res = run_charlm_validation(request, graph, sol, progress=progress, only_arms=only)
     wall = time.perf_counter() - t0
     cfg = res["config"]
     print(

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -397,13 +397,16 @@ def run_charlm_validation(
     cancelled: Callable[[], bool] = lambda: False,
     device: str | None = None,
     corpus: Corpus | None = None,
+    only_arms: tuple[str, ...] | None = None,
 ) -> dict:
     """Train the arms of a charlm validation and return the results (module docstring).
 
     ``request`` is the validation request (its ``steps``, ``batch_size``, ``optimizer``, ``lr``,
     ``seed``, ``arms``; ``solve`` or ``solve_request`` gives the shortcuts arm its solve fields),
     ``graph_dict`` the expanded graph that was solved, ``solution`` its answer. ``progress`` and
-    ``cancelled`` as for ``sigprop.worker.training.run_validation``.
+    ``cancelled`` as for ``sigprop.worker.training.run_validation``. ``only_arms`` (benches) trains
+    only those of the request's arms, with the same batches and initializations, so arms run in
+    separate processes give the numbers of one run.
     """
     t_start = time.perf_counter()
     req = _training_config(request)
@@ -412,6 +415,8 @@ def run_charlm_validation(
     wire = graph.model_dump(mode="json", by_alias=True, exclude_none=True)
     plan = plan_charlm(req.model_dump(mode="json"), wire)
     cfg = _config(req, plan)
+    if only_arms is not None:
+        cfg = replace(cfg, arms=tuple(a for a in cfg.arms if a in only_arms))
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     corpus = corpus or load_corpus()
     text_train = torch.from_numpy(corpus.train).to(dev)
