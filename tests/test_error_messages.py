@@ -314,22 +314,14 @@ def test_a_batchnorm_refusal_names_normalization_free():
     assert "normalization_free(model, preactivation=True)" in err.hint
 
 
-# -- 9. sequence models: refused plainly, naming the construct ------------------------------------
+# -- 9. sequence models: what a sequence graph cannot hold is refused plainly, naming it ---------
 
 
 def _sequence_models():
     torch = pytest.importorskip("torch")
     nn, F = torch.nn, torch.nn.functional
 
-    class TokenMLP(nn.Module):  # an MLP applied to each token of [B, T, D]
-        def __init__(self):
-            super().__init__()
-            self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
-
-        def forward(self, x):
-            return self.down(torch.relu(self.up(x)))
-
-    class Attention(nn.Module):
+    class Attention(nn.Module):  # attention, then its tokens flattened: no sequence graph holds that
         def __init__(self):
             super().__init__()
             self.att, self.head = nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(128, 4)
@@ -337,7 +329,7 @@ def _sequence_models():
         def forward(self, x):
             return self.head(self.att(x, x, x)[0].flatten(1))
 
-    class Sdpa(nn.Module):
+    class Sdpa(nn.Module):  # q, k, v are the input itself, not dense layers
         def __init__(self):
             super().__init__()
             self.head = nn.Linear(128, 4)
@@ -355,19 +347,19 @@ def _sequence_models():
 
     encoder = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
     return {
-        "token_mlp": (TokenMLP(), "node 'up' (Linear module 'up')", "a 3-D Linear) is not supported yet"),
-        "attention": (Attention(), "module 'att' (MultiheadAttention: attention) is not supported yet", ""),
-        "sdpa": (Sdpa(), "F.scaled_dot_product_attention (attention) is not supported yet", ""),
-        "layernorm": (TokenNorm(), "node 'norm' (LayerNorm module 'norm')", "LayerNorm over the features of each"),
+        "attention": (Attention(), "node 'flatten' (Tensor.flatten() call 'flatten')", "a flatten in a sequence model"),
+        "sdpa": (Sdpa(), "node 'scaled_dot_product_attention'", "its query is computed by placeholder 'x', not by an"),
+        "layernorm": (TokenNorm(), "node 'flatten'", "a flatten in a sequence model"),
         "encoder": (encoder, "module 'TransformerEncoderLayer' (TransformerEncoderLayer: attention)", "yet"),
     }
 
 
-@pytest.mark.parametrize("case", ["token_mlp", "attention", "sdpa", "layernorm", "encoder"])
+@pytest.mark.parametrize("case", ["attention", "sdpa", "layernorm", "encoder"])
 @pytest.mark.parametrize("allow", [False, True])
-def test_sequence_models_are_refused_as_not_supported_yet(case, allow):
+def test_sequence_constructs_outside_the_sequence_graph_are_refused(case, allow):
     """Not "flatten first" (wrong advice for a sequence model), not a bare fx control-flow error,
-    and not treated as the identity under allow_unsupported (that answer would be for another network)."""
+    and not treated as the identity under allow_unsupported (that answer would be for another
+    network); the hint says what a sequence graph holds."""
     torch = pytest.importorskip("torch")
     from sigprop.client.torch import graph_from_module
 
@@ -376,8 +368,17 @@ def test_sequence_models_are_refused_as_not_supported_yet(case, allow):
         graph_from_module(model, torch.randn(2, 8, 16), allow_unsupported=allow, assumptions="warn")
     err = info.value
     assert err.code == "unsupported_op" and names in err.message and says in err.message, err.message
-    assert "not supported yet" in err.message and "flatten first" not in err.hint
-    assert "sequence models" in err.hint and "x.flatten(1)" in err.hint
+    assert "flatten first" not in err.hint and "self-attention" in err.hint, err.hint
+
+
+def test_a_token_mlp_is_a_sequence_graph():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    graph = graph_from_module(model, torch.randn(2, 8, 16))
+    assert graph["nodes"][0]["shape"] == [8, 16] and graph["nodes"][0]["sequence"] is True
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "dense", "activation", "dense", "output"]
 
 
 def test_a_sequence_flattened_first_is_an_mlp_and_is_covered():

@@ -66,18 +66,36 @@ def check_well_formed(g: Graph) -> None:
     assert Graph.model_validate(wire) == g
 
 
-ALL_TEMPLATES = [
-    dict(template="mlp", depth=4),
-    dict(template="mlp", depth=2, width=8, input_shape=[1, 28, 28], classes=3, bias=False),
-    dict(template="cnn", depth=5),
-    dict(template="densenet"),
-    dict(template="densenet", depth=40, growth_rate=12),
-] + [
-    dict(template="resnet", depth=d, version=v, shortcut_weight=w)
-    for d in (18, 50)
-    for v in (1, 2)
-    for w in (0.0, 0.5, 1.0)
-]
+ALL_TEMPLATES = (
+    [
+        dict(template="mlp", depth=4),
+        dict(template="mlp", depth=2, width=8, input_shape=[1, 28, 28], classes=3, bias=False),
+        dict(template="cnn", depth=5),
+        dict(template="densenet"),
+        dict(template="densenet", depth=40, growth_rate=12),
+    ]
+    + [
+        dict(template="resnet", depth=d, version=v, shortcut_weight=w)
+        for d in (18, 50)
+        for v in (1, 2)
+        for w in (0.0, 0.5, 1.0)
+    ]
+    + [
+        dict(template="transformer", depth=2, seq_len=8, width=16, heads=2),
+        dict(
+            template="transformer",
+            depth=3,
+            seq_len=5,
+            width=12,
+            heads=3,
+            mlp_ratio=2,
+            causal=False,
+            shortcuts=True,
+            norms=True,
+            shortcut_weight=0.9,
+        ),  # fmt: skip
+    ]
+)
 
 
 @pytest.mark.parametrize("kw", ALL_TEMPLATES, ids=lambda kw: "-".join(f"{v}" for v in kw.values()))

@@ -361,3 +361,11 @@ def test_token_program_reduces_kernels_to_the_largest_token_correlation():
     assert len(values) == graph.n and values[0] == 0.0  # orthonormal input tokens
     assert max(values) == pytest.approx(max_token_correlation(out)) and values[-1] == max(values)
     assert program.argmax(np.eye(5), relu) == "the whole network"
+
+
+def test_the_expansion_solved_by_hand_is_the_template():
+    body = request(ESPA, shortcuts=True, norms=True)
+    graph = expand_template(Template(**body["graph"])).model_dump(mode="json", by_alias=True, exclude_none=True)
+    graph["nodes"].reverse()  # any order
+    template, by_hand = sigprop.solve(body), sigprop.solve({**body, "graph": graph})
+    assert by_hand.key == template.key and by_hand.to_json() == template.to_json()

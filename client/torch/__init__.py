@@ -52,9 +52,16 @@ The :class:`ApplyReport` lists every change and everything that was *not* done: 
 answer with no module in the model, weighted modules the answer does not cover (normalization
 layers kept under ``allow_unsupported``, modules never called in ``forward``), and notes.
 
+Sequence models (a ``[batch, tokens, features]`` input with attention or per-token Linear and
+LayerNorm layers; issue 28, docs/transformers.md) are read as sequence graphs (``sequence``),
+applied with :class:`ShapedAttention` token mixers carrying the answer's attention matrices
+(``sequence_apply``) and diagnosed by their output token kernel (``sequence_diagnose``).
+
 The package: ``modules`` (:class:`TransformedActivation`, :class:`NormalizedSum`, which torch
-modules compute which catalogue activation), ``ops`` (what each traced torch op is in the graph),
-``extraction`` (:func:`graph_from_module`), ``traced`` (the trace a session keeps: the graph
+modules compute which catalogue activation), ``attention`` (:class:`ShapedAttention`), ``ops``
+(what each traced torch op is in the graph), ``walk`` (the walk of a trace into graph nodes),
+``extraction`` (:func:`graph_from_module`), ``sequence`` (its sequence models), ``rewrite``
+(the steps of apply), ``sequence_apply``, ``sequence_diagnose``, ``traced`` (the trace a session keeps: the graph
 ``graph_from_module`` returns carries it to ``apply``, which keeps the rewritten model's for
 ``diagnose``, so a session traces the model once), ``apply`` (:func:`apply` and its report), ``calibrate``
 (the measured ops), ``diagnose``
@@ -76,6 +83,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
     ) from _exc
 
 from .apply import ActivationChange, ApplyReport, LayerChange, SumChange, apply
+from .attention import ShapedAttention, ShapedMultiheadAttention
 from .convert import ConvertReport, normalization_free
 from .diagnose import diagnose, input_pair
 from .extraction import graph_from_module
@@ -97,4 +105,6 @@ __all__ = [
     "activation_function",
     "native_module",
     "ACTIVATION_FUNCTIONS",
+    "ShapedAttention",
+    "ShapedMultiheadAttention",
 ]

@@ -40,7 +40,7 @@ from torch import nn
 
 from ...schemas.attention_init import AttentionInit, mask_bias
 
-__all__ = ["ShapedAttention", "split_heads", "merge_heads"]
+__all__ = ["ShapedAttention", "ShapedMultiheadAttention", "split_heads", "merge_heads"]
 
 
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -170,3 +170,23 @@ def _plain_mean(v: torch.Tensor, causal: bool) -> torch.Tensor:
         count = torch.arange(1, v.shape[-2] + 1, dtype=v.dtype, device=v.device)
         return torch.cumsum(v, dim=-2) / count[:, None]
     return v.mean(dim=-2, keepdim=True).expand_as(v)
+
+
+class ShapedMultiheadAttention(nn.Module):
+    """``nn.MultiheadAttention`` (``batch_first=True``, self-attention) with its token mixing done
+    by a :class:`ShapedAttention`: the same parameters (``in_proj_weight``, ``in_proj_bias``,
+    ``out_proj``), so ``apply`` swaps it in at the module's path. Called as the module it replaces
+    (``att(x, x, x, ...)``: masks and flags are the ShapedAttention's own now) and returns
+    ``(output, None)``."""
+
+    def __init__(self, mha: nn.MultiheadAttention, attention: ShapedAttention):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.batch_first = mha.embed_dim, mha.num_heads, True
+        self.in_proj_weight = mha.in_proj_weight
+        self.in_proj_bias = mha.in_proj_bias
+        self.out_proj = mha.out_proj
+        self.attention = attention
+
+    def forward(self, query, key=None, value=None, *args, **kwargs):
+        q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        return self.out_proj(self.attention(q, k, v)), None

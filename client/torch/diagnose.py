@@ -153,7 +153,16 @@ def diagnose(
     than ``FLAG_SIGMAS`` of it is ``flagged``, and ``.warnings`` (printed under the table) names the
     first such node with its likely cause: the activation not swapped in, the layer not
     initialized by the answer, an op outside the graph, a BatchNorm left in. ``.ok`` is False then.
+
+    A sequence model ``apply`` rewrote is diagnosed by its output token kernel instead
+    (:func:`~sigprop.client.torch.sequence_diagnose.diagnose_tokens`: ``example_input`` and
+    ``input_c`` are not used; pass several applied networks to ``diagnose_tokens`` for measured
+    standard errors).
     """
+    if getattr(model, "sigprop_sequence", None) is not None:  # apply's rewrite of a sequence model
+        from .sequence_diagnose import diagnose_tokens
+
+        return diagnose_tokens(model, solution, seed=seed)
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     kept = recall(model, x1)  # what apply kept of the model it returned, with the solved graph's ids

@@ -9,63 +9,34 @@ what was treated as the identity (:class:`Extraction`, defined with the trace a 
 from __future__ import annotations
 
 import inspect
-import math
-import re
 import warnings
 
 import torch
 import torch.fx
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+from torch.fx.passes.shape_prop import ShapeProp
 
 from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
+from .attention import ShapedAttention
 from .modules import NormalizedSum, TransformedActivation
-from .ops import NotYet, Unsupported, classify, describe, sequence_module
+from .ops import NotYet, sequence_module
+from .sequence import extract_sequence, is_sequence_trace
 from .traced import Entry, Extraction, Trace, TracedGraph
+from .walk import Walker
 
 __all__ = ["graph_from_module", "extract", "Entry", "Extraction"]
-
-_ID_BAD = re.compile(r"[^A-Za-z0-9_.:\-/\[\]]")
-_ID_MAX = 128
 
 
 class _Tracer(torch.fx.Tracer):
     """Keeps sigprop's own modules as leaves, so an applied model can be extracted again."""
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        if isinstance(m, (TransformedActivation, NormalizedSum)):
+        if isinstance(m, (TransformedActivation, NormalizedSum, ShapedAttention)):
             return True
         return super().is_leaf_module(m, qualname)
-
-
-def _clean_id(raw: str) -> str:
-    s = _ID_BAD.sub("_", raw) or "node"
-    if len(s) > _ID_MAX:
-        import hashlib
-
-        s = s[: _ID_MAX - 9] + "-" + hashlib.sha1(raw.encode()).hexdigest()[:8]
-    return s
-
-
-def _tensor_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
-    meta = node.meta.get("tensor_meta")
-    if isinstance(meta, TensorMetadata):
-        return tuple(int(d) for d in meta.shape)
-    return None
-
-
-def _contract_shape(shape: tuple[int, ...]) -> list[int] | None:
-    """[B, F] -> [F]; [B, C, L] -> [C, L, 1] (1-d feature maps); [B, C, H, W] -> [C, H, W]."""
-    if len(shape) == 2:
-        return [shape[1]]
-    if len(shape) == 3:
-        return [shape[1], shape[2], 1]
-    if len(shape) == 4:
-        return list(shape[1:])
-    return None
 
 
 def _run_shape_prop(gm: torch.fx.GraphModule, example_input) -> None:
@@ -105,172 +76,6 @@ def _trace(model: nn.Module) -> torch.fx.GraphModule:
     return gm
 
 
-class _Extractor:
-    """Walks a traced, shape-propagated GraphModule once, writing a graph node per data node."""
-
-    def __init__(self, gm: torch.fx.GraphModule, allow_unsupported: bool, keep_fn: bool, warn: bool):
-        self.gm, self.allow_unsupported, self.keep_fn, self.warn = gm, allow_unsupported, keep_fn, warn
-        self.shapes: dict = {}  # data nodes (tensor values computed from the input) -> torch shape
-        self.entries: dict = {}
-        self.value: dict = {}
-        self.nodes_out: list[dict] = []
-        self.used_ids: set[str] = set()
-        self.module_calls: dict[str, int] = {}
-        self.notes: list[str] = []
-        self.traced_modules: set[str] = set()
-        self.tuple_src: dict = {}  # multi-output (tuple) nodes -> their data inputs
-
-    def new_id(self, raw: str) -> str:
-        base = _clean_id(raw)
-        gid, k = base, 1
-        while gid in self.used_ids:
-            gid = f"{base}:{k}"
-            k += 1
-        self.used_ids.add(gid)
-        return gid
-
-    def data_args(self, node) -> list:
-        out: list = []
-
-        def visit(a):  # map_arg walks args and kwargs, nested lists, tuples and dicts included
-            if a in self.shapes:
-                out.append(a)
-            elif a in self.tuple_src:
-                out.extend(x for x in self.tuple_src[a] if x not in out)
-            return a
-
-        torch.fx.node.map_arg((node.args, node.kwargs), visit)
-        return out
-
-    def depends_on_data(self, node) -> bool:
-        found = []
-
-        def visit(a):
-            if a in self.shapes or a.meta.get("_sigprop_data"):
-                found.append(a)
-            return a
-
-        torch.fx.node.map_arg((node.args, node.kwargs), visit)
-        return bool(found)
-
-    def run(self, data_input: torch.fx.Node) -> dict:
-        """The graph, as a JSON-ready dict."""
-        out_node = None
-        for node in self.gm.graph.nodes:
-            if node.op == "call_module":
-                self.traced_modules.add(node.target)
-            if node.op == "placeholder" and node is not data_input:
-                continue  # an optional argument left at its default: not on the data path
-            if node.op == "placeholder":
-                self.add_input(node)
-            elif node.op == "output":
-                out_node = node
-            elif node.op != "get_attr" and self.depends_on_data(node):  # else a constant, off the data path
-                self.add_node(node)
-        self.add_output(out_node)
-        return {"schema": "sigprop.graph/v1", "nodes": self.nodes_out}
-
-    def add_input(self, node: torch.fx.Node) -> None:
-        shape = _tensor_shape(node)
-        gid = self.new_id(node.name)
-        self.shapes[node] = shape
-        self.value[node] = gid
-        cshape = _contract_shape(shape)
-        self.nodes_out.append({"id": gid, "op": "input", "shape": cshape})
-        self.entries[node] = Entry(node, gid, "input", [], {"shape": cshape}, f"input '{node.name}'")
-
-    def add_node(self, node: torch.fx.Node) -> None:
-        shape = _tensor_shape(node)
-        if shape is None:
-            # sizes, shapes, tuples: not a tensor on the data path (a tuple result is flagged where used)
-            node.meta["_sigprop_data"] = True
-            if isinstance(node.meta.get("tensor_meta"), (tuple, list)):
-                self.tuple_src[node] = self.data_args(node)
-            return
-        ins = self.data_args(node)
-        self.shapes[node] = shape
-        desc = describe(node, self.gm)
-        classified = self.classify(node, ins, shape, desc)
-        if classified is None:  # a tensor made from nothing on the data path: leave it out
-            del self.shapes[node]
-            return
-        op, attrs, extra, ins = classified
-        if node.op == "call_module":
-            k = self.module_calls.get(node.target, 0)
-            self.module_calls[node.target] = k + 1
-            raw = node.target if k == 0 else f"{node.target}:{k}"
-        else:
-            raw = node.name
-        gid = self.new_id(raw)
-        self.value[node] = gid
-        self.entries[node] = Entry(
-            node,
-            gid,
-            op,
-            ins,
-            attrs,
-            desc,
-            module=extra.get("module"),
-            fn=extra.get("fn"),
-            fn_params=extra.get("fn_params", {}),
-            unsupported=extra.get("unsupported"),
-        )
-        wire = {"id": gid, "op": op, "inputs": [self.value[a] for a in ins]}
-        if op == "activation":
-            if self.keep_fn:
-                wire["fn"] = attrs["fn"]
-        else:
-            wire.update(attrs)
-        if op == "sum" and "weights" not in attrs:
-            wire["weights"] = [1.0 / math.sqrt(len(ins))] * len(ins)
-        self.nodes_out.append(wire)
-
-    def classify(self, node: torch.fx.Node, ins: list, shape, desc: str) -> tuple[str, dict, dict, list] | None:
-        """(op, attrs, extra, inputs) of a data node; under ``allow_unsupported`` an op the graph
-        cannot express becomes the identity of its first input (None when it has no input)."""
-        tuple_args = [a for a in node.all_input_nodes if a in self.tuple_src]
-        try:
-            if tuple_args:
-                raise Unsupported(
-                    f"it takes part of the multi-output result of '{tuple_args[0].name}' "
-                    f"({describe(tuple_args[0], self.gm)})"
-                )
-            if not ins:
-                raise Unsupported("it has no input from the network")
-            return (*classify(node, self.gm, ins, self.shapes), ins)
-        except Unsupported as exc:
-            name = _clean_id(node.target if node.op == "call_module" else node.name)
-            if not self.allow_unsupported or isinstance(exc, NotYet):
-                raise SigpropError(
-                    "unsupported_op", f"node '{name}' ({desc}) is not supported: {exc.why}", exc.hint
-                ) from None
-            msg = f"node '{name}' ({desc}) is not supported ({exc.why}); treated as the identity"
-            if len(ins) > 1:
-                msg += f" of its first input (dropped inputs: {', '.join(a.name for a in ins[1:])})"
-            if ins and self.shapes[ins[0]] != shape:
-                msg += (
-                    f"; it changes the shape {list(self.shapes[ins[0]])} -> {list(shape)}, which the graph does not see"
-                )
-            self.notes.append(msg)
-            if self.warn:
-                warnings.warn(msg, stacklevel=6)  # the caller of graph_from_module
-            return ("identity", {}, {"unsupported": exc.why}, ins[:1]) if ins else None
-
-    def add_output(self, out_node: torch.fx.Node | None) -> None:
-        result = out_node.args[0] if out_node is not None and out_node.args else None
-        if not isinstance(result, torch.fx.Node) or result not in self.shapes:
-            got = "several values" if isinstance(result, (tuple, list, dict)) else "no tensor computed from the input"
-            raise SigpropError(
-                "unsupported_op",
-                f"forward returns {got}",
-                "the graph has exactly one output: return one tensor (merge heads with a concat or sum)",
-            )
-        gid = self.new_id(out_node.name)
-        self.nodes_out.append({"id": gid, "op": "output", "inputs": [self.value[result]]})
-        self.entries[out_node] = Entry(out_node, gid, "output", [result], {}, "output")
-        self.value[out_node] = gid
-
-
 def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: bool, warn: bool = True) -> Extraction:
     """The model's graph and what apply needs to rewrite the traced model (see :class:`Extraction`)."""
     if not isinstance(model, nn.Module):
@@ -284,7 +89,11 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
             "give a batched input: [batch, features], [batch, channels, length] or [batch, channels, height, width]",
         )
     _refuse_sequence_modules(model)
-    gm = _trace(model)
+    try:
+        gm = _trace(model)
+    except SigpropError:
+        _refuse_attention_by_name(model)  # a trace error inside HuggingFace code would not say what is wrong
+        raise
     # forward's first argument is the network input; further arguments must have defaults
     # (e.g. mask=None) and are left at them
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -296,22 +105,40 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
             "the graph has one input: wrap the model so forward takes one tensor",
         )
     _run_shape_prop(gm, example_input)
-    walker = _Extractor(gm, allow_unsupported, keep_fn, warn)
+    if is_sequence_trace(gm, example_input):
+        ext = extract_sequence(gm, example_input, allow_unsupported, keep_fn, warn)
+        _check_graph(ext.graph, {})
+        return ext
+    walker = Walker(gm, allow_unsupported, keep_fn, warn)
     graph = walker.run(placeholders[0])
     _check_graph(graph, walker.entries)
     return Extraction(gm, graph, walker.entries, walker.value, walker.notes, walker.traced_modules)
 
 
 def _refuse_sequence_modules(model: nn.Module) -> None:
-    """Attention and Transformer blocks, refused by name before tracing: torch.fx cannot trace
-    nn.TransformerEncoderLayer (control flow on tensors) and HuggingFace models fail inside their
-    own code, so the trace's error would not say what is wrong."""
+    """torch's Transformer blocks, refused by type before tracing: torch.fx cannot trace
+    nn.TransformerEncoderLayer (control flow on tensors), so the trace's error would not say what
+    is wrong. (nn.MultiheadAttention and F.scaled_dot_product_attention are read by
+    ``sequence``.)"""
+    for name, m in model.named_modules():
+        what = None if isinstance(m, nn.MultiheadAttention) else sequence_module(m, by_name=False)
+        if what is not None:
+            raise SigpropError(
+                "unsupported_op",
+                f"module '{name or type(model).__name__}' ({what}) is not supported yet",
+                NotYet("").hint,
+            )
+
+
+def _refuse_attention_by_name(model: nn.Module) -> None:
+    """After a failed trace: a module class named ``*Attention*`` (HuggingFace's GPT2Attention,
+    BertSelfAttention) is what fx could not trace, refused by name."""
     for name, m in model.named_modules():
         what = sequence_module(m, by_name=bool(name))  # the model's own class name is the user's choice
         if what is not None:
             raise SigpropError(
                 "unsupported_op",
-                f"module '{name or type(model).__name__}' ({what}) is not supported yet",
+                f"module '{name or type(model).__name__}' ({what}) is not supported yet: torch.fx cannot trace it",
                 NotYet("").hint,
             )
 

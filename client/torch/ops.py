@@ -120,16 +120,19 @@ class Unsupported(Exception):
 
 
 _SEQUENCE_HINT = (
-    "sequence models (attention, layers applied per token of a [batch, tokens, features] tensor, "
-    "LayerNorm over tokens) are not supported yet: there is no sigprop answer for this model. sigprop "
-    "covers MLPs on [batch, features] and CNNs on [batch, channels, (height,) width] maps; a model that "
-    "flattens its tokens first (x.flatten(1)) before its Linear layers is an MLP and is covered"
+    "sequence models are covered when written with the ops of a sequence graph, on a [batch, tokens, "
+    "features] input: Linear layers per token, activations, sums, LayerNorm over the features and "
+    "self-attention (F.scaled_dot_product_attention on Linear q/k/v with view/transpose head plumbing, or "
+    "nn.MultiheadAttention(batch_first=True) called as att(x, x, x)); torch's nn.Transformer* blocks and "
+    "HuggingFace models are not supported yet (write the blocks by hand). A model that flattens its "
+    "tokens first (x.flatten(1)) before its Linear layers is an MLP and is covered"
 )
 
 
 class NotYet(Unsupported):
-    """A sequence-model construct: refused even under ``allow_unsupported`` (treating attention or
-    a per-token layer as the identity gives an answer for a different network)."""
+    """A sequence-model construct outside what the sequence graph reads: refused even under
+    ``allow_unsupported`` (treating attention or a per-token layer as the identity gives an answer
+    for a different network)."""
 
     def __init__(self, why: str):
         super().__init__(why, _SEQUENCE_HINT)

@@ -22,6 +22,8 @@ arXiv:2302.10322) and "The Shaped Transformer" (Noci et al., arXiv:2306.17759):
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..schemas.activations import canonical_name
@@ -89,7 +91,8 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
     }
     dense = {nd.index: (sigma_w2, sigma_b2) for nd in nodes if nd.kind == AFFINE}
     program = TokenKernelProgram(graph, mixers, dense)
-    kernel = program.global_map(np.eye(tokens), _activation_maps(graph, answer)).kernel
+    with _one_blas_thread():
+        kernel = program.global_map(np.eye(tokens), _activation_maps(graph, answer)).kernel
     rows = kernel.tolist()
     whole = tokens == view.tokens
     answer.token_kernel = TokenKernel(
@@ -111,6 +114,19 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
             f"the predicted output token kernel's diagonal ranges over [{diag.min():.4g}, {diag.max():.4g}], "
             "not q = 1: the attention's location-dependent rescaling and the MLP blocks' C maps compound"
         )
+
+
+def _one_blas_thread():
+    """BLAS on one thread for the propagation: its products are at most 256 x 256, where threads gain
+    little, and on a machine busy with other solves (the service's solver processes) they mostly wait
+    for each other: a 72-block T = 2048 solve took 7.5 s with OpenBLAS's default threads and 0.75 s
+    with one on a 2-core machine at load 11 (``bench/transformer_bench.py``). A no-op without
+    threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency, but the engine works without it
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _activation_maps(graph: NetworkGraph, answer: Solution):

@@ -97,7 +97,11 @@ class TokenKernelProgram(NetworkProgram):
                 value = start
             elif kind == AFFINE:
                 w, b = self.dense.get(nd.index, (1.0, 0.0))
-                value = TokenValue(dense_token_kernel(values[ins[0]].kernel, w, b))
+                v = values[ins[0]]
+                if w == 1.0 and b == 0.0:  # q-preserving weights, no bias: the kernel itself, mean 0
+                    value = v if v.mean is None else TokenValue(v.kernel)
+                else:
+                    value = TokenValue(dense_token_kernel(v.kernel, w, b))
             elif kind == ACT:
                 value = r(values[ins[0]], self.slots[nd.index])
             elif kind == ATTENTION:
