@@ -10,7 +10,8 @@ about 5x more steps. The arms (``arms`` of the request, ``sigprop.worker.charlm_
 
 ``solved``
     the validated graph (the ``transformer`` template as solved: e.g. skipless, normalization-free,
-    E-SPA + TAT leaky_relu) with the answer applied (``sigprop.worker.sequence_apply``);
+    E-SPA + TAT leaky_relu) with the answer applied as users apply it (``graph_from_module`` then
+    ``sigprop.client.torch.apply``, through ``sigprop.worker.models.build_solved``);
 ``shortcuts``
     the same template with ``shortcuts=true, norms=false``, solved in-process with the same method,
     activation, targets and attention shaping, and applied the same way;
@@ -55,9 +56,9 @@ from .charlm_corpus import VOCAB_SIZE, Corpus, load_corpus
 from .charlm_plan import CharLMPlan, TransformerParams, plan_charlm
 from .inputs import _as_graph, _as_solution, _training_config
 from .measurements import grad_norms
-from .models import GraphModel, build_model
+from .models import GraphModel, build_model, build_solved
 from .results import compare, finite
-from .sequence_apply import apply_sequence_solution
+from .training import _apply_facts
 
 __all__ = ["run_charlm_validation", "CharLM", "CharLMConfig", "DEFAULT_CHARLM_LR", "Cancelled"]
 
@@ -65,7 +66,7 @@ DEFAULT_CHARLM_LR = {"adam": 1e-3, "sgd": 0.05}
 SGD_MOMENTUM = 0.9
 WARMUP_FRACTION = 0.05
 CLIP_NORM = 1.0
-EVAL_WINDOWS = 128  # fixed windows of the validation (and of the training) text evaluated
+EVAL_WINDOWS = 64  # fixed windows of the validation (and of the training) text evaluated
 EVAL_POINTS = 20  # validation-loss points along the training
 LOSS_POINTS = 100  # training-loss points
 GRAD_NORM_STEPS = 3
@@ -145,6 +146,8 @@ class _Arm:
     model: CharLM
     made: dict
     solution: dict | None
+    paths: dict[str, str]  # graph node id -> module path in model.body
+    weighted: list[str]
 
 
 def _solve_request(request: dict, sol: Solution, template: dict) -> SolveRequest:
@@ -169,22 +172,25 @@ def _template_graph(template: dict) -> Graph:
     return expand_template(Template.model_validate(template), max_nodes=offline_limits().max_nodes)
 
 
-def _solved_arm(name: str, description: str, graph: Graph, sol: Solution, width: int, seed: int) -> _Arm:
+def _solved_arm(name: str, description: str, graph: Graph, sol: Solution, params: TransformerParams, seed: int) -> _Arm:
+    """The graph's model with ``sol`` applied the way a user applies it: ``graph_from_module`` then
+    ``sigprop.client.torch.apply`` (``models.build_solved``), inside the embedding and head."""
     torch.manual_seed(seed)
     net = build_graph(graph, default_activation=sol.activation)
-    body = build_model(net, None)
-    lm = CharLM(body, width)
-    applied = apply_sequence_solution(body, sol, seed=seed)
+    example = torch.randn(2, params.seq_len, params.width, generator=torch.Generator().manual_seed(seed))
+    built = build_solved(net, sol, None, example, seed=seed)
+    lm = CharLM(built.model, params.width)
     facts = {"key": sol.key, "method": sol.method, "activation": sol.activation, "targets": dict(sol.targets)}
-    return _Arm(name, description, lm, {"apply": applied.to_json()}, facts)
+    made = _apply_facts(built)
+    made["attention"] = {n.split("'")[1]: n.rsplit(", ", 1)[-1] for n in made["notes"] if n.startswith("attention '")}
+    return _Arm(name, description, lm, {"apply": made}, facts, built.paths, built.weighted)
 
 
 def _make_arm(name: str, request: dict, graph: Graph, sol: Solution, params: TransformerParams, seed: int) -> _Arm:
-    width = params.width
     if name == "solved":
         what = f"{'with' if params.shortcuts else 'without'} shortcuts, {'with' if params.norms else 'no'} norms"
         return _solved_arm(
-            "solved", f"the answer ({sol.method}, {sol.activation}; {what}) applied", graph, sol, width, seed
+            "solved", f"the answer ({sol.method}, {sol.activation}; {what}) applied", graph, sol, params, seed
         )
     if name == "shortcuts":
         template = params.template(shortcuts=True, norms=False)
@@ -197,7 +203,7 @@ def _make_arm(name: str, request: dict, graph: Graph, sol: Solution, params: Tra
             "and applied",
             _template_graph(template),
             other,
-            width,
+            params,
             seed,
         )
     if name == "standard":
@@ -208,9 +214,11 @@ def _make_arm(name: str, request: dict, graph: Graph, sol: Solution, params: Tra
             "standard",
             "standard pre-LN transformer: x + f(x) shortcuts, LayerNorm, ReLU, plain causal attention, "
             "PyTorch's default initialization, final LayerNorm",
-            CharLM(body, width, final_norm=True),
+            CharLM(body, params.width, final_norm=True),
             {},
             None,
+            body.paths,
+            body.weighted,
         )
     raise SigpropError("invalid_request", f"unknown arm {name!r}", "arms are 'solved', 'shortcuts' and 'standard'")
 
@@ -294,7 +302,7 @@ def _fit(arm: _Arm, data: _Data, cfg: CharLMConfig, report, cancelled) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if step < GRAD_NORM_STEPS or step == cfg.steps - 1:
-            grads.append({"step": step, "norms": grad_norms(body, body.paths, body.weighted)})
+            grads.append({"step": step, "norms": grad_norms(body, arm.paths, arm.weighted)})
         torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
         opt.step()
         sched.step()

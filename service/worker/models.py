@@ -409,7 +409,12 @@ def _translate(solution: Solution, graph: NetworkGraph, paths: dict[str, str]) -
 
 
 def build_solved(
-    graph: NetworkGraph, solution: Solution, n_classes: int, example_input: torch.Tensor, *, seed: int | None = None
+    graph: NetworkGraph,
+    solution: Solution,
+    n_classes: int | None,
+    example_input: torch.Tensor,
+    *,
+    seed: int | None = None,
 ) -> Built:
     """``solution`` applied to the graph's network the way a user does it.
 
