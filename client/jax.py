@@ -82,6 +82,7 @@ from .jax_initializers import (  # noqa: E402 - after the JAX import check above
     scaled_uniform_orthogonal,
     zeros,
 )
+from .jax_shaping import COLLECTION, answer_attention, install_answer_attention  # noqa: E402
 from .jax_trees import _MISSING, _get, _set  # noqa: E402 - after the JAX import check above
 from .solution import as_solution, tailoring  # noqa: E402 - after the JAX import check above
 
@@ -154,9 +155,9 @@ class ParamChange:
 
     layer_id: str
     path: tuple  # keys from the root of the params tree to the leaf
-    role: str  # "kernel" or "bias"
-    init: str  # scaled_uniform_orthogonal | orthogonal_delta | gaussian | zeros
-    scale: float  # gain on the orthonormal matrix, or the standard deviation (0 for zeros)
+    role: str  # "kernel", "bias", "attention" (a ShapedAttention's matrix at init) or "layer_norm" (its affine)
+    init: str  # scaled_uniform_orthogonal | orthogonal_delta | gaussian | zeros | an attention generator's form
+    scale: float  # gain on the orthonormal matrix, or the standard deviation (0 for zeros); attention: max of D
     shape: tuple[int, ...]
     dtype: str
 
@@ -401,6 +402,12 @@ def apply_to_params(
     :class:`NothingApplied` naming what matched nothing: returning the untouched tree with a report
     nobody reads would leave the model at its old initialization without a word.
 
+    A sequence model's answer (``attention``) also shapes each attention node the mapping names
+    (``graph_from_flax`` maps it to its ``ShapedAttention`` module): its generator's matrix at
+    initialization goes into that module's ``"shaping"`` variables (``sigprop.client.jax_shaping``),
+    so pass the whole variables dict; query kernels get the answer's zeros like any other layer, and
+    the LayerNorms the mapping names (``layer_norm`` nodes) get scale 1 and bias 0.
+
     ``module`` and ``example_input`` (the ``flax.linen`` module as it will run, with the answer's
     :func:`transformed_activation`, and one batch, ``[B, F]`` or NHWC): with both, the ops whose
     effect on q the answer cannot predict (max pooling and the activations reading it, average
@@ -412,11 +419,13 @@ def apply_to_params(
     """
     sol = as_solution(solution)
     layers = {layer.id: layer for layer in sol.layers}
+    generators = answer_attention(sol)  # attention node -> its matrix at init (sequence models)
     if mapping is None:
-        mapping = {lid: lid for lid in layers}
+        mapping = {lid: lid for lid in [*layers, *generators]}
     report = ApplyReport()
-    report.unknown_ids = [lid for lid in mapping if lid not in layers]
-    report.unmapped_layers = [lid for lid in layers if lid not in mapping]
+    known = {*layers, *generators}
+    report.unknown_ids = [lid for lid in mapping if lid not in known and _layer_norm_path(params, mapping[lid]) is None]
+    report.unmapped_layers = [lid for lid in [*layers, *generators] if lid not in mapping]
 
     order = {lid: i for i, lid in enumerate(layers)}
     layer_keys = jax.random.split(key, max(len(layers), 1))
@@ -452,6 +461,8 @@ def apply_to_params(
         )
         new = _set_bias(new, params, layer, resolved, bpath, bkey, report)
 
+    new = _install_attention(new, generators, mapping, report)
+    new = _reset_layer_norms(new, params, mapping, report)
     report.uncovered_kernels = [p for p in _leaf_paths(params, tuple(kernel_names)) if p not in covered]
     if sol.sum_scales:
         report.warnings.append(
@@ -461,12 +472,62 @@ def apply_to_params(
         )
     if not report.changed:
         raise NothingApplied(report, len(layers), len(mapping))
-    if module is not None and example_input is not None:
+    if module is not None and example_input is not None and np.ndim(example_input) == 3:
+        report.warnings.append("no calibration for sequence models: their graphs have no op it measures")
+    elif module is not None and example_input is not None:
         from .jax_calibration import calibrate_params
 
         new, report.calibrations, notes = calibrate_params(module, new, sol, example_input, kernel_names, bias_names)
         report.warnings.extend(notes)
     return new, report
+
+
+def _install_attention(tree, generators: Mapping[str, dict], mapping: Mapping, report: ApplyReport):
+    """``tree`` with the answer's attention matrices at init installed in the mapped ShapedAttention
+    modules' ``"shaping"`` variables (``jax_shaping``); one ``attention`` change per node, whose
+    ``scale`` is the largest entry of the rescaling D (1 for Value-SkipInit and shaped attention)."""
+    if not generators:
+        return tree
+    new, installed, not_found, notes = install_answer_attention(tree, generators, mapping)
+    for gid, path, init in installed:
+        shape = tuple(int(s) for s in init.bias.shape)
+        form = generators[gid].get("form", "")
+        scale = float(np.max(init.scale)) if form == "cholesky_ratio" else 1.0
+        report.changed.append(ParamChange(gid, (COLLECTION,) + path, "attention", form, scale, shape, "float32"))
+    report.not_found.extend(not_found)
+    report.warnings.extend(notes)
+    return new
+
+
+def _layer_norm_path(tree, path: PathLike) -> tuple | None:
+    """The resolved path of a layer norm's params (a ``scale`` leaf, no kernel) that ``path`` names, or None."""
+    resolved = _resolve(tree, path)
+    node = _get(tree, resolved) if resolved is not None else None
+    if isinstance(node, Mapping) and "scale" in node and "kernel" not in node and "w" not in node:
+        return resolved
+    return None
+
+
+def _reset_layer_norms(tree, params, mapping: Mapping, report: ApplyReport):
+    """``tree`` with every mapped layer norm's affine the identity (scale 1, bias 0): the answer's
+    ``layer_norm`` nodes normalize only (``graph_from_flax`` maps them to their LayerNorm modules)."""
+    for lid, path in mapping.items():
+        if any(c.layer_id == lid for c in report.changed):
+            continue
+        resolved = _layer_norm_path(params, path)
+        if resolved is None:
+            continue
+        for name, fill in (("scale", 1.0), ("bias", 0.0)):
+            leaf = _get(params, resolved + (name,))
+            if leaf is _MISSING or isinstance(leaf, Mapping):
+                continue
+            shape, dtype = _shape_dtype(leaf)
+            tree = _set(tree, resolved + (name,), jnp.full(shape, fill, dtype))
+            report.changed.append(
+                ParamChange(lid, resolved + (name,), "layer_norm", "ones" if fill else "zeros", fill, shape,
+                            jnp.dtype(dtype).name)
+            )  # fmt: skip
+    return tree
 
 
 # Flax extraction and diagnostics live in ``jax_extraction`` (re-exported here)

@@ -16,6 +16,7 @@ from .diagnosis import (
     with_noise,
 )
 from .jax_extraction import extract_flax
+from .jax_token_diagnose import diagnose_tokens
 from .pairs import channels_last_pair, q_and_c
 from .solution import as_solution
 
@@ -46,7 +47,15 @@ def diagnose(
     ``(module, variables)`` pair. As ``sigprop.client.torch.diagnose`` (same pair of inputs, same
     :class:`~sigprop.client.diagnosis.Diagnosis`); the values are the graph nodes' own (an
     activation written as ``s * phi`` is measured as ``phi``, a sum as the normalized sum).
-    ``calibrations``: ``apply_to_params``'s ``report.calibrations``, marked on their rows."""
+    ``calibrations``: ``apply_to_params``'s ``report.calibrations``, marked on their rows.
+
+    A sequence input ``[B, T, D]`` gets the sequence model's check instead: the output token kernel
+    measured on B sets of orthonormal tokens against the answer's ``token_kernel.output``, for one
+    network or a list of them (the same model applied with different keys): a
+    ``sigprop.client.token_diagnosis.TokenKernelDiagnosis``
+    (:func:`sigprop.client.jax_token_diagnose.diagnose_tokens`)."""
+    if jnp.ndim(example_input) == 3:
+        return diagnose_tokens(model, solution, example_input, seed=seed)
     module, variables = model if isinstance(model, tuple) else model.unbind()
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)

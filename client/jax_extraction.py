@@ -29,6 +29,7 @@ from jax.extend.core import Literal
 
 from ..schemas.errors import SigpropError
 from .jax_activations import activation_fn  # the catalogue's exact phi
+from .jax_sequence import ATTENTION_HINT, dense_on_tokens, sequence_step, settle, written_out_attention
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
 _ELEMENTWISE = {
@@ -37,6 +38,7 @@ _ELEMENTWISE = {
     "le", "lt", "eq", "ne", "convert_element_type", "atan", "asinh", "square", "copy", "copy_p", "not", "and",
     "or", "stop_gradient", "clamp", "sin", "cos", "cbrt", "reduce_precision",
 }  # fmt: skip
+_RESHAPES = {"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims"}
 _PROBE = np.concatenate([np.linspace(-6.0, 6.0, 121), [-0.01, 0.01, 0.3, -0.3]])
 _NOTE_SCALED = "the graph does not model a scale factor"
 
@@ -93,8 +95,9 @@ def _classify(f: np.ndarray) -> tuple[str, dict, float] | None:
 class _Walker:
     """Interprets the jaxpr, building the graph as it goes."""
 
-    def __init__(self, allow_unsupported: bool):
+    def __init__(self, allow_unsupported: bool, sequence: bool = False):
         self.allow = allow_unsupported
+        self.sequence = sequence  # a [B, T, D] input: per-token layers, attention, layer norms (jax_sequence)
         self.nodes: list[dict] = []
         self.ids: set[str] = set()
         self.mapping: dict[str, tuple] = {}
@@ -122,35 +125,41 @@ class _Walker:
         self.values[gid] = value
         return gid
 
-    def module_at(self) -> tuple[str, str] | None:
-        """(path, class name) of the innermost Flax module the current equation runs in."""
+    def modules_at(self) -> list[tuple[str, str]]:
+        """(path, class name) of the Flax modules the current equation runs in, outermost first."""
         parts = [p for p in self.scope.split("/") if p][1:]  # the first is the top module's class
         path: tuple = ()
+        out = []
         for p in parts:
             p = p.split("(")[-1].rstrip(")")  # jit(leaky_relu) and the like are not modules
             if path + (p,) not in self.module_types:
                 break
             path += (p,)
-        return ("/".join(path), self.module_types[path]) if path else None
+            out.append(("/".join(path), self.module_types[path]))
+        return out
+
+    def module_at(self) -> tuple[str, str] | None:
+        """(path, class name) of the innermost Flax module the current equation runs in."""
+        chain = self.modules_at()
+        return chain[-1] if chain else None
 
     def unsupported(self, why: str, hint: str = "") -> None:
-        at = self.module_at()
+        chain = self.modules_at()
+        # an attention module's own Dense layers are named by the attention module (the way out is its hint)
+        at = next((m for m in chain if "Attention" in m[1]), chain[-1] if chain else None)
         kind = at[1] if at else ""
         if at is None:
             where = "the Flax model's own code (its __call__, outside any submodule)"
         else:
             where = f"the Flax module '{at[0]}' ({kind})"
-        if "Norm" in kind:
+        if "Norm" in kind and not hint:
             hint = (
                 f"{kind} is a normalization layer, which the Q/C map analysis does not model: TAT and DKS "
                 "networks are normalization-free, remove it (the answer's initialization and transformed "
                 "activations do its job), or pass allow_unsupported=True to treat it as the identity"
             )
         elif "Attention" in kind:
-            hint = (
-                "attention is not supported yet (sequence models are not covered by the graph): "
-                "there is no sigprop answer for this model"
-            )
+            hint = ATTENTION_HINT
         if not self.allow:
             raise SigpropError(
                 "unsupported_op",
@@ -219,6 +228,24 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
     ov = eqn.outvars[0]
     if prim in ("dot_general", "conv_general_dilated") and len(data) == 1 and isinstance(kinds[1], tuple):
         return _layer(w, eqn, data[0][0], kinds[1][1], out)
+    if w.sequence and len(data) == 1 and prim in _RESHAPES and np.shape(out) != np.shape(w.read(data[0][0])):
+        w.unsupported(
+            f"a {prim} of a token stream to shape {list(np.shape(out))} (attention heads split out by hand?)",
+            ATTENTION_HINT,
+        )
+        src = w.resolve(data[0][0], prim, scaled_ok=True)
+        w.kind[ov] = _Net(src.node, src.factor)
+        return None
+    if w.sequence and len(data) == 1 and prim in ("split", "slice"):
+        w.unsupported(
+            f"a {prim} of the features of '{w.resolve(data[0][0], prim, scaled_ok=True).node}' (a fused q/k/v Dense?)",
+            "write queries, keys and values as three nn.Dense layers of one input (a fused Dense split "
+            "afterwards is not read)",
+        )
+    if w.sequence and written_out_attention(eqn, len(data)):
+        w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
+        w.kind[ov] = _Net(w.resolve(data[0][0], prim, scaled_ok=True).node)
+        return None
     if prim == "add" and len(data) == 2:
         a, b = (w.resolve(v, "a sum", scaled_ok=True) for v, _ in data)
         norm = math.hypot(a.factor, b.factor)
@@ -278,7 +305,8 @@ def _layer(w: _Walker, eqn, v, path: tuple, out) -> None:
     module = tuple(k for k in path[:-1] if k != "params") if path[0] == "params" else tuple(path[:-1])
     gid_base = "/".join(str(k) for k in module).lower() or "layer"
     if eqn.primitive.name == "dot_general":
-        if len(np.shape(out)) != 2:
+        per_token = w.sequence and dense_on_tokens(eqn, kernel, np.shape(w.read(v)), np.shape(out))
+        if len(np.shape(out)) != 2 and not per_token:
             what = (
                 f"a Dense layer on a tensor of shape {list(np.shape(out))[:-1] + ['features']} (per token or location)"
             )
@@ -416,6 +444,8 @@ def _run(w: _Walker, jaxpr, args: list, outer: str = "") -> list:
         name = eqn.primitive.name
         scope = str(eqn.source_info.name_stack)
         w.scope = f"{outer}/{scope}" if outer and scope else outer or scope
+        if w.sequence and sequence_step(w, eqn, ins, _Net):
+            continue
         if name in _INLINE:
             closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
             inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
@@ -464,23 +494,20 @@ def _traced(module, variables, x, types: dict):
 def extract_flax(module, variables, example_input, *, allow_unsupported: bool = False) -> FlaxExtraction:
     """Trace ``module.apply(variables, example_input)`` and read the graph off its jaxpr."""
     x = jnp.asarray(example_input)
-    if x.ndim == 3:
+    if x.ndim not in (2, 3, 4):
         raise SigpropError(
-            "unsupported_op",
-            f"example_input has shape {list(x.shape)}: sequence inputs [B, T, D] are not supported yet "
-            "(attention, and Dense layers applied per token, are outside the graph)",
-            "sigprop covers [B, F] vectors and NHWC images [B, H, W, C]; a model that flattens the sequence "
-            "first can be given the flattened [B, T * D] input",
+            "invalid_graph",
+            f"example_input has shape {list(x.shape)}",
+            "give [B, F], a sequence [B, T, D] or NHWC [B, H, W, C]",
         )
-    if x.ndim not in (2, 4):
-        raise SigpropError(
-            "invalid_graph", f"example_input has shape {list(x.shape)}", "give [B, F] or NHWC [B, H, W, C]"
-        )
-    w = _Walker(allow_unsupported)
+    w = _Walker(allow_unsupported, sequence=x.ndim == 3)
     closed = _traced(module, variables, x, w.module_types)
     leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
-    shape = [int(x.shape[1])] if x.ndim == 2 else [int(x.shape[3]), int(x.shape[1]), int(x.shape[2])]
-    gid = w.new_node("x", {"op": "input", "shape": shape}, x)
+    if x.ndim == 3:  # tokens first, features last; Dense layers act per token
+        gid = w.new_node("x", {"op": "input", "shape": [int(x.shape[1]), int(x.shape[2])], "sequence": True}, x)
+    else:
+        shape = [int(x.shape[1])] if x.ndim == 2 else [int(x.shape[3]), int(x.shape[1]), int(x.shape[2])]
+        gid = w.new_node("x", {"op": "input", "shape": shape}, x)
     inv = closed.jaxpr.invars
     for var, (path, _) in zip(inv[:-1], leaves, strict=True):
         w.kind[var] = ("param", tuple(getattr(k, "key", getattr(k, "name", k)) for k in path))
@@ -490,6 +517,7 @@ def extract_flax(module, variables, example_input, *, allow_unsupported: bool = 
     outs = _run(w, closed.jaxpr, [leaf for _, leaf in leaves] + [x])
     if len(outs) != 1:
         raise SigpropError("unsupported_op", f"apply returns {len(outs)} values", "return one array")
+    settle(w, closed.jaxpr.outvars[0], _Net)  # a model ending in a LayerNorm
     last = w.resolve(closed.jaxpr.outvars[0], "the output")
     w.new_node("output", {"op": "output", "inputs": [last.node]}, w.values[last.node])
     for nd in w.nodes:
@@ -536,6 +564,11 @@ def graph_from_flax(
     Anything else raises ``SigpropError("unsupported_op")`` (``allow_unsupported=True``: the
     identity, with a warning). The graph is checked with the service's structure rules
     (``assumptions="warn"`` warns instead of raising ``unsupported_structure``).
+
+    A sequence ``[B, T, D]`` gives a sequence graph (input ``{"shape": [T, D], "sequence": true}``):
+    ``nn.Dense`` per token, ``sigprop.client.jax_attention.ShapedAttention`` on three Dense layers of
+    one input an ``attention`` node, ``nn.LayerNorm`` a ``layer_norm`` node; the mapping also names
+    their modules (``jax_sequence``).
     """
     import warnings
 

@@ -26,6 +26,7 @@ from .engine.limits import MAX_TOKEN_KERNEL, Limits, token_work
 from .engine.solve import Prepared, prepare
 from .engine.template_builder import TemplateSize
 from .engine.templates import TEMPLATES
+from .engine.transformer_template import transformer_param
 from .errors import SigpropError
 from .requests import SOLVE_HINT, load_json, parse_solve_request
 from .schemas.graph import Template
@@ -112,6 +113,8 @@ def check_template(t: Template, limits: Limits) -> TemplateSize | None:
     if limits.max_fan_in is not None and size.fan_in > limits.max_fan_in:
         raise fan_in_error(f"a concat of template '{t.template}'", size.fan_in, limits.max_fan_in)
     _check_cost((size.nodes, size.edges), limits.max_cost, what)
+    if t.template == "transformer":  # its tokens and token-kernel price, before it is built
+        _check_tokens(transformer_param(t, "seq_len"), t.depth or 0, size.nodes - t.depth, limits)
     return size
 
 
@@ -159,16 +162,19 @@ def prepare_admitted(admitted: Admitted, limits: Limits) -> Prepared:
 def check_tokens(graph, limits: Limits) -> None:
     """Refuse (413) a sequence graph whose tokens or token-kernel propagation exceed the limits."""
     tokens = max((nd.shape[0] for nd in graph.nodes if nd.attrs.get("sequence")), default=0)
-    if not tokens:
-        return
+    if tokens:
+        attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
+        _check_tokens(tokens, attention, graph.n - attention, limits)
+
+
+def _check_tokens(tokens: int, attention: int, others: int, limits: Limits) -> None:
     if limits.max_seq_len is not None and tokens > limits.max_seq_len:
         raise SigpropError(
             "graph_too_large",
             f"the graph's sequences have {tokens} tokens, more than this service's limit of {limits.max_seq_len}",
             "use a shorter seq_len (the answer's attention generators hold for any length)",
         )
-    attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
-    work = token_work(tokens, attention, graph.n - attention)
+    work = token_work(tokens, attention, others)
     if limits.max_token_work is not None and work > limits.max_token_work:
         raise SigpropError(
             "graph_too_large",

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .engine.limits import DEFAULT_MAX_NODES, Limits
+from .engine.limits import DEFAULT_MAX_NODES, DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_TOKEN_WORK, Limits
 from .errors import SigpropError
 
 # a rate limit setting with one of these values limits nothing
@@ -68,6 +68,17 @@ class Settings(NodeLimit):
         default=50_000,
         ge=1,
         description="most nodes + edges of one graph (templates: computed from the parameters), checked before anything is built; over it: 413 graph_too_large",
+    )
+    max_seq_len: int = Field(
+        default=DEFAULT_MAX_SEQ_LEN,
+        ge=1,
+        description="most tokens of a sequence graph (transformers); over it: 413 graph_too_large",
+    )
+    max_token_work: int = Field(
+        default=DEFAULT_MAX_TOKEN_WORK,
+        ge=1,
+        description="price of a sequence graph's token-kernel propagation: K^3 per attention node and K^2 per other "
+        "node, K = min(tokens, 256) (a 72-block transformer: 1.3e9); over it: 413 graph_too_large",
     )
     solve_processes: int = Field(
         default=2,
@@ -237,7 +248,9 @@ class Settings(NodeLimit):
 
     def limits(self) -> Limits:
         """The limits every request to this service is admitted against (``sigprop.preparation``)."""
-        return Limits(self.max_nodes, self.max_depth, self.max_fan_in, self.max_solve_cost)
+        return Limits(
+            self.max_nodes, self.max_depth, self.max_fan_in, self.max_solve_cost, self.max_seq_len, self.max_token_work
+        )
 
     @model_validator(mode="after")
     def _redis_credentials(self):
@@ -300,7 +313,8 @@ def get_node_limit() -> int:
 
 def offline_limits() -> Limits:
     """The limits of ``sigprop solve`` and ``sigprop.solve``: the node limit from the environment
-    (``SIGPROP_MAX_NODES``), no depth, fan-in or cost budget (those protect a shared service).
+    (``SIGPROP_MAX_NODES``), no depth, fan-in or cost budget (those protect a shared service); a
+    sequence graph's tokens and token-kernel price keep their defaults (``engine.limits``).
     An invalid ``SIGPROP_MAX_NODES`` is the request's error (``invalid_request``), with the fix."""
     try:
         return Limits(max_nodes=get_node_limit())

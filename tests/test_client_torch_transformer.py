@@ -272,12 +272,13 @@ def _captured(model, path):
     return mod, seen["q"], seen["k"]
 
 
-@pytest.mark.parametrize(
-    "make", [lambda: GPT(), lambda: GPT(fused=True), lambda: MHA(), lambda: TemplateNet(2, 16, 2, 8)],
-    ids=["gpt", "gpt-fused", "mha", "template"],
-)  # fmt: skip
-@pytest.mark.parametrize("shaping", ["e-spa", "u-spa"])
-def test_apply_installs_the_answer_attention_matrices(make, shaping):
+_MODELS = {"gpt": lambda: GPT(), "gpt-fused": lambda: GPT(fused=True), "mha": lambda: MHA(),
+           "template": lambda: TemplateNet(2, 16, 2, 8)}  # fmt: skip
+
+
+@pytest.mark.parametrize("name, shaping", [*((n, "e-spa") for n in _MODELS), ("gpt-fused", "u-spa"), ("mha", "u-spa")])
+def test_apply_installs_the_answer_attention_matrices(name, shaping):
+    make = _MODELS[name]
     model = make()
     x = torch.randn(2, 8, 16)
     graph = graph_from_module(model, x)
@@ -370,6 +371,8 @@ def test_diagnose_of_one_applied_sequence_model_states_its_noise():
     assert rows["b0.q"].op == "query" and rows["b0.q"].q_measured == 0.0
     assert abs(rows["b0.attn"].q_measured - 1.0) < 1e-4  # orthogonal k/v of orthonormal tokens, E-SPA rows
     assert "output token kernel" in str(diag)
+    with pytest.raises(ValueError, match="needs the model apply"):
+        diagnose(model, sol, x)  # not applied: no answer matrices to diagnose
 
 
 def test_the_gpt_shaping_example_runs(capsys):

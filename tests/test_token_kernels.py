@@ -17,6 +17,7 @@ from sigprop.engine import token_kernels as tk
 from sigprop.engine.activations import get_activation, transformed
 from sigprop.engine.qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
 from sigprop.errors import SigpropError
+from sigprop.schemas.activations import SMOOTH_ACTIVATIONS
 from sigprop.schemas.attention_init import expand_attention, kernel_matrix
 
 SQRT_2PI = math.sqrt(2.0 * math.pi)
@@ -208,8 +209,14 @@ def test_layer_norm_is_the_normalization_of_each_tokens_features():
     assert np.allclose(tk.layer_norm_token_kernel(k, m), z @ z.T / 50, rtol=0, atol=1e-13)
     y = x - m[:, None]
     assert np.allclose(tk.layer_norm_token_kernel(y @ y.T / 50), z @ z.T / 50, atol=1e-13)
+    # a constant token (a zero one here) comes out as 0, as PyTorch's (x - mean) / sqrt(var + eps)
+    k0 = np.zeros((3, 3))
+    k0[:2, :2] = k[:2, :2]
+    out = tk.layer_norm_token_kernel(k0, np.array([m[0], m[1], 0.0]))
+    assert np.allclose(out[:2, :2], (z @ z.T / 50)[:2, :2], atol=1e-13)
+    assert np.all(out[2] == 0.0) and np.all(out[:, 2] == 0.0)
     with pytest.raises(ValueError):
-        tk.layer_norm_token_kernel(np.zeros((2, 2)))
+        tk.layer_norm_token_kernel(np.eye(2), np.array([2.0, 0.0]))
 
 
 # --------------------------------------------------------------------------- activations
@@ -435,9 +442,9 @@ def test_degenerate_tokens(name, params, tr):
 
 
 def test_too_many_pairs_to_integrate_are_refused():
-    """ELU on E-SPA's strongly correlated tokens: every pair needs the direct integration."""
+    """Softsign on E-SPA's strongly correlated tokens: every pair needs the direct integration."""
     k = exp_kernel(0.01, 12)
-    act = get_activation("elu")
+    act = get_activation("softsign")
     out = tk.activation_token_kernel(k, act)
     with pytest.raises(SigpropError) as err:
         tk.activation_token_kernel(k, act, max_integrated_pairs=10)
@@ -488,3 +495,29 @@ def test_a_long_leaky_relu_espa_stack_is_fast():
             break
     assert best < 2.0, best
     assert np.all(np.isfinite(k)) and k[0, 0] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in SMOOTH_ACTIVATIONS if n != "silu"])
+def test_every_smooth_catalogue_activation_to_1e_10(name):
+    """The catalogue's smooth activations, untransformed, at q in [0.2, 5] and |c| up to 0.99999
+    (measured: 5e-12 at worst, asinh)."""
+    act = get_activation(name)
+    for qi, qj, c in [(0.2, 5.0, 0.5), (1.0, 1.0, 0.99), (0.2, 0.25, 0.99999), (5.0, 4.0, 0.99999), (3.0, 0.5, -0.9)]:
+        got = tk.activation_token_kernel(two_tokens(qi, qj, c), act)[0, 1]
+        assert got == pytest.approx(quad_pair(act.fn, act.kinks, qi, qj, c * math.sqrt(qi * qj)), abs=1e-10)
+
+
+def test_elu_family_is_read_off_the_transformed_activation():
+    """ELU and SELU, however transformed (a negative input scale too), are P + Q E(a (x - x0))."""
+    from sigprop.engine.token_exponential import elu_family
+
+    for act in [
+        build(*ACTIVATIONS[1]),
+        get_activation("selu"),
+        transformed(get_activation("elu", alpha=0.5), -1.3, 0.2, 2.0, 0.4),
+    ]:
+        fam = elu_family(act)
+        x = np.linspace(-6, 6, 101)
+        assert fam is not None and np.allclose(fam(x), act.fn(x), rtol=1e-13, atol=1e-13)
+    assert elu_family(get_activation("tanh")) is None and elu_family(get_activation("elu", alpha=0.0)) is None

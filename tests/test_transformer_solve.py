@@ -369,3 +369,30 @@ def test_the_expansion_solved_by_hand_is_the_template():
     graph["nodes"].reverse()  # any order
     template, by_hand = sigprop.solve(body), sigprop.solve({**body, "graph": graph})
     assert by_hand.key == template.key and by_hand.to_json() == template.to_json()
+
+
+def test_token_limits_are_settings(tmp_path):
+    from sigprop.settings import Settings
+
+    limits = Settings(data_dir=tmp_path, max_seq_len=16, max_token_work=123).limits()
+    assert (limits.max_seq_len, limits.max_token_work) == (16, 123)
+    from sigprop.preparation import prepare_data
+
+    with pytest.raises(SigpropError, match="limit of 16"):
+        prepare_data(request(ESPA, seq_len=17), limits)
+
+
+def test_a_token_wise_network_without_attention_solves_with_an_entrywise_token_kernel():
+    # a sequence graph of per-token dense layers and activations only: no `attention` key is needed,
+    # the answer has no attention section, and every off-diagonal entry is the MLP's C_f(0)
+    nodes = [
+        {"id": "x", "op": "input", "shape": [8, 16], "sequence": True},
+        {"id": "d1", "op": "dense", "inputs": ["x"], "units": 16},
+        {"id": "a1", "op": "activation", "inputs": ["d1"]},
+        {"id": "d2", "op": "dense", "inputs": ["a1"], "units": 16},
+        {"id": "o", "op": "output", "inputs": ["d2"]},
+    ]
+    sol = sigprop.solve({"nodes": nodes}, "tat", "leaky_relu", {"eta": 0.2})
+    assert sol.attention is None and sol.token_kernel.schedule == []
+    out = np.array(sol.token_kernel.output)
+    assert np.allclose(np.diag(out), 1.0) and np.allclose(out[~np.eye(8, dtype=bool)], sol.c_f_0)

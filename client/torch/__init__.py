@@ -88,6 +88,7 @@ from .convert import ConvertReport, normalization_free
 from .diagnose import diagnose, input_pair
 from .extraction import graph_from_module
 from .modules import ACTIVATION_FUNCTIONS, NormalizedSum, TransformedActivation, activation_function, native_module
+from .sequence_diagnose import TokenKernelDiagnosis, diagnose_tokens
 
 __all__ = [
     "graph_from_module",
@@ -107,4 +108,6 @@ __all__ = [
     "ACTIVATION_FUNCTIONS",
     "ShapedAttention",
     "ShapedMultiheadAttention",
+    "diagnose_tokens",
+    "TokenKernelDiagnosis",
 ]

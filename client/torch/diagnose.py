@@ -30,6 +30,7 @@ from ..pairs import PAIR_SEED_OFFSET
 from ..solution import as_solution
 from .extraction import extract
 from .modules import TransformedActivation
+from .sequence import SequenceExtraction
 from .traced import recall
 
 __all__ = ["diagnose", "input_pair"]
@@ -169,6 +170,11 @@ def diagnose(
     ext = (
         kept.bind(model) if kept is not None else extract(model, x1, allow_unsupported=True, keep_fn=False, warn=False)
     )
+    if isinstance(ext, SequenceExtraction):
+        raise ValueError(
+            "diagnose of a sequence model needs the model apply() returned (report.model): its attention "
+            "modules carry the answer's matrices; apply the answer first"
+        )
     unmodelled = {e.gid for e in ext.entries.values() if e.unsupported}
     one_channel = x1.dim() > 2 and x1.shape[1] == 1
     predicted = predict(

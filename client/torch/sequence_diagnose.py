@@ -9,14 +9,15 @@ tokens entry by entry:
 
 - with several networks, the noise of each entry is the standard error of the mean over them,
   measured (the honest figure: a finite-width network's kernel deviates from the limit by its
-  own weights' draw, which more inputs do not average away);
+  own weights' draw, which more inputs do not average away), and an entry is flagged beyond
+  Student's t quantile at the 3-sigma level for that many networks (4.53 for 8) plus 0.02;
 - with one network, the noise is stated, not measured: ``sqrt((K_ii K_jj + K_ij^2) * layers /
   (4 width))``, a Gaussian estimate's spread per layer accumulated over the dense layers on the
   longest path (finite-width deviations grow like depth / width: Hanin and Nica, "Products of Many
   Large Random Matrices and Gradients in Deep Neural Networks", arXiv:1812.05994), the factor 1/4
   calibrated on orthogonally initialized TAT networks (48 networks of width 128 with 8 dense layers
   per path: per-network std of an output token's q 0.15, the formula's 0.18). A rough figure:
-  measure several networks for a sharp check.
+  measure several networks for a sharp check. Flagged beyond 3 noise + 0.02.
 
 Each node's q (mean square over tokens and features) is measured too and set beside the answer's
 scalar program, where attention and layer norm pass q through (q = q* = 1 for TAT and DKS; 0 for
@@ -37,10 +38,26 @@ from torch import nn
 from ..solution import as_solution
 from .sequence_apply import answer_part
 
-__all__ = ["TokenKernelDiagnosis", "diagnose_tokens", "orthonormal_tokens", "FLAG_SIGMAS"]
+__all__ = ["TokenKernelDiagnosis", "diagnose_tokens", "orthonormal_tokens", "flag_sigmas", "FLAG_SIGMAS"]
 
 FLAG_SIGMAS = 3.0
-SLACK = 0.02  # absolute tolerance added to FLAG_SIGMAS noise: float32 rounding and a few networks' SE
+SLACK = 0.02  # absolute tolerance added to the flag threshold: float32 rounding and a few networks' SE
+# Student's t quantiles at the normal's 3-sigma level (two-sided 0.27 %) for 1..30 degrees of
+# freedom (scipy.stats.t.ppf(norm.cdf(3), dof)): with n networks the standard error is itself
+# estimated from n draws, so an entry is flagged at the same false-alarm rate as 3 sigma
+_T_AT_3_SIGMA = (
+    235.801, 19.207, 9.219, 6.62, 5.507, 4.904, 4.53, 4.277, 4.094, 3.957, 3.85, 3.764, 3.694, 3.636, 3.586,
+    3.544, 3.507, 3.475, 3.447, 3.422, 3.4, 3.38, 3.361, 3.345, 3.33, 3.316, 3.303, 3.291, 3.28, 3.27,
+)  # fmt: skip
+
+
+def flag_sigmas(networks: int, measured_noise: bool) -> float:
+    """How many noise units an entry may be off: 3 for a stated noise, Student's t at the same
+    false-alarm rate for a standard error measured over ``networks`` networks."""
+    if not measured_noise:
+        return FLAG_SIGMAS
+    dof = networks - 1
+    return _T_AT_3_SIGMA[dof - 1] if dof <= len(_T_AT_3_SIGMA) else FLAG_SIGMAS
 
 
 def orthonormal_tokens(batch: int, seq_len: int, width: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
@@ -91,9 +108,14 @@ class TokenKernelDiagnosis:
         return float((np.abs(self.error) / np.maximum(self.noise, 1e-12)).max())
 
     @property
+    def threshold(self) -> float:
+        """Noise units an entry may be off (:func:`flag_sigmas`)."""
+        return flag_sigmas(self.networks, self.noise_source == "networks")
+
+    @property
     def flagged(self) -> np.ndarray:
-        """Entries off by more than FLAG_SIGMAS times their noise plus SLACK."""
-        return np.abs(self.error) > FLAG_SIGMAS * self.noise + SLACK
+        """Entries off by more than ``threshold`` times their noise plus SLACK."""
+        return np.abs(self.error) > self.threshold * self.noise + SLACK
 
     @property
     def ok(self) -> bool:
@@ -105,7 +127,7 @@ class TokenKernelDiagnosis:
             f"sigprop diagnose ({self.method}, {self.activation}, attention {self.shaping}): output token kernel "
             f"of {t} orthonormal tokens (q = 1), {self.networks} network(s), noise {self.noise_source}",
             f"max |measured - predicted| = {self.max_error:.4g}; max error / noise = {self.max_sigmas:.3g}; "
-            f"{int(self.flagged.sum())} of {t * t} entries off by more than {FLAG_SIGMAS:g} noise + {SLACK:g}",
+            f"{int(self.flagged.sum())} of {t * t} entries off by more than {self.threshold:.3g} noise + {SLACK:g}",
             f"diagonal predicted {np.diag(self.predicted).min():.4f}..{np.diag(self.predicted).max():.4f}, measured "
             f"{np.diag(self.measured).min():.4f}..{np.diag(self.measured).max():.4f}; K[T-1, 0] predicted "
             f"{self.predicted[-1, 0]:.4f}, measured {self.measured[-1, 0]:.4f}",

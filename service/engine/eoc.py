@@ -92,7 +92,10 @@ def solve_eoc(act: Activation, q_star: float = 1.0) -> EOCSolution:
             f"it would need sigma_b^2 = {sigma_b2:.6g} < 0",
             _bias_hint(act, q_star),
         )
-    sigma_b2 = max(sigma_b2, 0.0)
+    if sigma_b2 <= 1e-12 * max(1.0, q_star):
+        # within rounding of 0 either way: a cancellation residue of q* - sigma_w^2 E[phi^2] (ReLU
+        # at any q*), not a bias to initialize (and not one whose sign depends on the BLAS build)
+        sigma_b2 = 0.0
     s = math.sqrt(q_star)
     fd1z = float(w @ (f * d1 * z))
     v_slope = sigma_w2 * fd1z / s

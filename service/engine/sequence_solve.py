@@ -63,19 +63,26 @@ def predicted_tokens(seq_len: int) -> int:
 def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: SequenceView, request: SolveRequest) -> None:
     """Add the attention shaping, the full graph's initializations and the token kernel to ``answer``
     (solved on ``view``; ``graph`` is the full anonymized graph). Module docstring."""
-    shaping, params = request.attention.shaping, request.attention.parameters()
     layers = len(view.attention)
-    generators = shaping_generators(shaping, layers, **params)
     nodes = graph.nodes
-    answer.attention = AttentionAnswer(
-        shaping=shaping,
-        parameters=params,
-        layers=[
-            AttentionLayer(node=nodes[i].user_id, generator=g) for i, g in zip(view.attention, generators, strict=True)
-        ],
-    )
-    schedule_params = {k: v for k, v in params.items() if k != "temperature"}
-    schedule = shaping_schedule(shaping, layers, **schedule_params)
+    if request.attention is None:
+        # a token-wise network (no attention node: the parser requires the key exactly when there is
+        # one): every map is entrywise, and the token kernel follows the MLP's C maps alone
+        shaping, params, generators, schedule, target = None, {}, [], [], None
+    else:
+        shaping, params = request.attention.shaping, request.attention.parameters()
+        generators = shaping_generators(shaping, layers, **params)
+        answer.attention = AttentionAnswer(
+            shaping=shaping,
+            parameters=params,
+            layers=[
+                AttentionLayer(node=nodes[i].user_id, generator=g)
+                for i, g in zip(view.attention, generators, strict=True)
+            ],
+        )
+        schedule_params = {k: v for k, v in params.items() if k != "temperature"}
+        schedule = shaping_schedule(shaping, layers, **schedule_params)
+        target = shaping_target(shaping, layers, **schedule_params)
     sigma_w2 = 1.0 if answer.sigma_w2 is None else answer.sigma_w2
     sigma_b2 = 0.0 if answer.sigma_b2 is None else answer.sigma_b2
     answer.layers = _full_layers(graph, view, request.init, sigma_w2, sigma_b2)
@@ -100,7 +107,7 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
         output=rows if whole else None,
         leading=None if whole else rows,
         leading_tokens=None if whole else tokens,
-        target=shaping_target(shaping, layers, **schedule_params),
+        target=target,
         schedule=[ScheduleEntry(node=nodes[i].user_id, **s) for i, s in zip(view.attention, schedule, strict=False)],
     )
     if not whole:

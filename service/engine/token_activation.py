@@ -14,7 +14,7 @@ Four exact routes, by what phi is:
   kernel), k = (r - l)^2 / (pi (r^2 + l^2)) and c = K_ij / sqrt(K_ii K_jj) (``qc_maps.rectifier_c_map``);
 - other continuous piecewise-linear phi (DKS's shifted ReLU, relu_tau, soft_threshold, crelu, cst):
   phi(x) = b + s_0 x + sum_k J_k (x - x_k)_+, and E[(u - x)_+ (v - y)_+] is a closed form in the
-  bivariate normal orthant probability (``_ramp_pair``, ``_orthant``: Owen's T function);
+  bivariate normal orthant probability (``bivariate_normal``: Owen's T function);
 - otherwise the Mehler (Hermite) series with a coefficient vector per token: with a_k(q) =
   E[phi(sqrt(q) z) h_k(z)], h_k = He_k / sqrt(k!), E[phi(u) phi(v)] = sum_k a_k(K_ii) a_k(K_jj) c^k
   (the series ``qc_maps.HermiteCMap`` sums at q = 1; its coefficients come from the same code).
@@ -35,12 +35,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import ndtr, owens_t
+from scipy.special import ndtr
 
 from ..errors import SigpropError
 from .activations import Activation
+from .bivariate_normal import normal_pdf, ramp_pair, token_correlations
 from .qc_maps import _hermite_coefficients, rectifier_c_map
 from .quadrature import SERIES_RULE, TAIL, _legendre, gaussian_rule
+from .token_exponential import elu_family, elu_family_kernel
 
 __all__ = [
     "activation_token_kernel",
@@ -53,6 +55,8 @@ __all__ = [
 # a pair's series is summed directly when its truncation bound is below this, relative to
 # sqrt(E[phi(u)^2] E[phi(v)^2]); others are integrated
 TOLERANCE = 1e-12
+# the ELU family's closed form up to this standard deviation of its exponent (``activation_token_kernel``)
+TILT_LIMIT = 25.0
 # at most this many pairs integrated directly in one call (about 2 ms each; ``activation_token_kernel``)
 MAX_INTEGRATED_PAIRS = 4096
 SERIES_TERMS = 96
@@ -98,6 +102,11 @@ def activation_token_kernel(
     pl = _piecewise_linear(act)
     if pl is not None:
         return _piecewise_linear_kernel(k, pl)
+    fam = elu_family(act)
+    # the tilts e^{m + s^2 / 2} times probabilities of order e^{-s^2 / 2}: both representable while
+    # the exponent's standard deviation s = |a| sqrt(K_ii) stays below TILT_LIMIT
+    if fam is not None and abs(fam.slope) * math.sqrt(float(np.max(np.diag(k)))) <= TILT_LIMIT:
+        return elu_family_kernel(k, fam)
     return _series_kernel(k, act, tolerance, max_integrated_pairs)
 
 
@@ -122,22 +131,12 @@ def activation_token_mean(q, act: Activation) -> np.ndarray:
     return means[inverse]
 
 
-def _correlations(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sqrt(K_ii K_jj), c_ij clipped to [-1, 1]; 0 where a token is 0)."""
-    roots = np.sqrt(np.diag(k))
-    norm = np.outer(roots, roots)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.where(norm > 0.0, k / np.where(norm > 0.0, norm, 1.0), 0.0)
-    np.fill_diagonal(c, np.where(roots > 0.0, 1.0, 0.0))  # exactly (K_ii / (sqrt K_ii)^2 can round below 1)
-    return norm, np.clip(c, -1.0, 1.0)
-
-
 def _homogeneous_kernel(k: np.ndarray, right: float, left: float) -> np.ndarray:
     """sqrt(K_ii K_jj) (r^2 + l^2) / 2 * C(c_ij), C TAT's equation 9 with k = (r - l)^2 / (pi (r^2 + l^2))."""
     total = right * right + left * left
     if total == 0.0:
         return np.zeros_like(k)
-    norm, c = _correlations(k)
+    norm, c = token_correlations(k)
     out = (0.5 * total) * norm * rectifier_c_map(c, (right - left) ** 2 / (math.pi * total))
     np.fill_diagonal(out, 0.5 * total * np.diag(k))  # C(1) = 1: exact
     return out
@@ -205,7 +204,7 @@ def _series_kernel(k: np.ndarray, act: Activation, tolerance: float, max_pairs: 
     roots = np.sqrt(np.diag(k))
     coef, second = _series(act, roots)
     rest = np.maximum(second - np.einsum("ik,ik->i", coef, coef), 0.0)
-    _, c = _correlations(k)
+    _, c = token_correlations(k)
     out = np.zeros((t, t))
     power = np.ones((t, t))
     for n in range(coef.shape[1]):
@@ -234,91 +233,34 @@ def _series_kernel(k: np.ndarray, act: Activation, tolerance: float, max_pairs: 
 # --------------------------------------------------------------------------- piecewise linear
 
 
-def _orthant(h: np.ndarray, k: np.ndarray, rho: np.ndarray) -> np.ndarray:
-    """P(X > h, Y > k) for standard normals of correlation rho in (-1, 1): Phi_2(-h, -k; rho) by
-    Owen's T function (Owen 1956, "Tables for computing bivariate normal probabilities", eq. 2.1):
-    Phi_2(a, b; rho) = (Phi(a) + Phi(b)) / 2 - T(a, (b - rho a) / (a s)) - T(b, (a - rho b) / (b s))
-    - beta, s = sqrt(1 - rho^2), beta = 1/2 where a b < 0 or a b = 0 > a + b, else 0."""
-    a, b = -h, -k
-    s = np.sqrt(1.0 - rho * rho)
-
-    def slope(x, y):  # (y - rho x) / (x s), +-inf where x = 0 (T's limit is then right)
-        num = y - rho * x
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(x != 0.0, num / np.where(x != 0.0, x * s, 1.0), np.copysign(np.inf, num))
-
-    both_zero = (a == 0.0) & (b == 0.0)
-    out = 0.5 * (ndtr(a) + ndtr(b)) - owens_t(a, slope(a, b)) - owens_t(b, slope(b, a))
-    out -= np.where((a * b < 0.0) | ((a * b == 0.0) & (a + b < 0.0)), 0.5, 0.0)
-    # a = b = 0: Sheppard's 1/4 + arcsin(rho) / (2 pi) (both slopes above are then undefined)
-    return np.where(both_zero, 0.25 + np.arcsin(rho) / (2.0 * math.pi), out)
-
-
-def _normal_pdf(x: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * x * x) / _SQRT_2PI
-
-
-def _ramp_pair(h: np.ndarray, k: np.ndarray, rho: np.ndarray) -> np.ndarray:
-    """E[(X - h)_+ (Y - k)_+] for standard normals of correlation rho: E[(X - h)(Y - k); A] over
-    A = {X > h, Y > k} from the truncated moments of Rosenbaum ("Moments of a truncated bivariate
-    normal distribution", 1961): with s = sqrt(1 - rho^2), P = P(A),
-    E[X; A] = phi(h) Q((k - rho h) / s) + rho phi(k) Q((h - rho k) / s) (and Y's by symmetry),
-    E[XY; A] = rho P + rho h phi(h) Q((k - rho h) / s) + rho k phi(k) Q((h - rho k) / s)
-               + s phi(h) phi((k - rho h) / s), Q = 1 - Phi.
-    rho = +-1 (equal or opposite tokens) by the one-dimensional limits."""
-    rho = np.clip(rho, -1.0, 1.0)
-    # the general formula loses about 1e-16 (1 - |rho|)^(-3/4) to cancellation (1e-11 at 1 - |rho| =
-    # 1e-12); within _EDGE of +-1 the first order in rho about the limit is closer by far:
-    # dF/drho = P(X > h, Y > k) (Price's theorem), the rest O((1 - |rho|)^(3/2))
-    inner = np.abs(rho) < 1.0 - _EDGE
-    r = np.where(inner, rho, 0.0)
-    s = np.sqrt(1.0 - r * r)
-    qh = ndtr(-(k - r * h) / s)  # Q((k - rho h) / s)
-    qk = ndtr(-(h - r * k) / s)
-    ph, pk = _normal_pdf(h), _normal_pdf(k)
-    p = _orthant(h, k, r)
-    ex = ph * qh + r * pk * qk
-    ey = pk * qk + r * ph * qh
-    exy = r * p + r * h * ph * qh + r * k * pk * qk + s * ph * _normal_pdf((k - r * h) / s)
-    general = exy - k * ex - h * ey + h * k * p
-    # rho = 1: E[(X - h)(X - k); X > m], m = max(h, k); rho = -1: E[(X - h)(-X - k); h < X < -k]
-    m = np.maximum(h, k)
-    same = (m * _normal_pdf(m) + ndtr(-m)) - (h + k) * _normal_pdf(m) + h * k * ndtr(-m)
-    lo, hi = h, np.maximum(-k, h)
-    second = (ndtr(hi) - hi * _normal_pdf(hi)) - (ndtr(lo) - lo * _normal_pdf(lo))  # E[X^2; lo < X < hi]
-    first = _normal_pdf(lo) - _normal_pdf(hi)
-    opposite = -second + (h - k) * first + h * k * (ndtr(hi) - ndtr(lo))
-    same = same - (1.0 - rho) * ndtr(-m)
-    opposite = opposite + (1.0 + rho) * np.maximum(ndtr(-k) - ndtr(h), 0.0)
-    return np.where(inner, general, np.where(rho > 0.0, same, opposite))
-
-
-_EDGE = 1e-11
-
-
 def _piecewise_linear_kernel(k: np.ndarray, pl) -> np.ndarray:
     """E[phi(u) phi(v)] in closed form for phi(x) = b + s_0 x + g(x), g = sum_k J_k (x - x_k)_+:
     b^2 + b (E g(u) + E g(v)) + s_0^2 K_ij + s_0 K_ij (E g'(u) + E g'(v)) + E[g(u) g(v)] (Stein's
     lemma for E[u g(v)] = K_ij E[g'(v)]), E[g(u) g(v)] = sum_kl J_k J_l sigma_i sigma_j
-    E[(X - h_ki)_+ (Y - h_lj)_+] with h_ki = x_k / sigma_i (``_ramp_pair``)."""
+    E[(X - h_ki)_+ (Y - h_lj)_+] with h_ki = x_k / sigma_i (``bivariate_normal.ramp_pair``)."""
     b, s0, xs, jumps = pl
     sigma = np.sqrt(np.diag(k))
-    norm, rho = _correlations(k)
+    norm, rho = token_correlations(k)
     live = sigma > 0.0
     # h = x_k / sigma_i; a placeholder 0 for a constant token (sigma = 0), whose terms are taken apart
     h = np.where(live[None, :], xs[:, None] / np.where(live, sigma, 1.0)[None, :], 0.0)
     # per token: E g(u) = sum_k J_k sigma (phi(h) - h Q(h)), E g'(u) = sum_k J_k Q(h) (sigma = 0: g(0), g'(0))
-    ramp_mean = np.where(live[None, :], sigma[None, :] * (_normal_pdf(h) - h * ndtr(-h)), np.maximum(-xs, 0.0)[:, None])
+    ramp_mean = np.where(live[None, :], sigma[None, :] * (normal_pdf(h) - h * ndtr(-h)), np.maximum(-xs, 0.0)[:, None])
     g_mean = jumps @ ramp_mean
     g_slope = jumps @ np.where(live[None, :], ndtr(-h), (xs < 0.0)[:, None].astype(float))
     out = b * b + b * (g_mean[:, None] + g_mean[None, :]) + s0 * s0 * k + s0 * k * (g_slope[:, None] + g_slope[None, :])
-    both = np.outer(live, live)
+    # E[g(u) g(v)] on the upper triangle only (the kernel is symmetric), then mirrored
+    rows, cols = np.triu_indices(len(sigma))
+    both = live[rows] & live[cols]
+    pairs = np.zeros(len(rows))
     for n, jn in enumerate(jumps.tolist()):
         for m, jm in enumerate(jumps.tolist()):
-            term = norm * _ramp_pair(h[n][:, None], h[m][None, :], rho)
+            term = norm[rows, cols] * ramp_pair(h[n][rows], h[m][cols], rho[rows, cols])
             # a constant token (sigma = 0) is g(0) times the other token's E g: independent factors
-            term = np.where(both, term, ramp_mean[n][:, None] * ramp_mean[m][None, :])
-            out += jn * jm * term
+            pairs += jn * jm * np.where(both, term, ramp_mean[n][rows] * ramp_mean[m][cols])
+    upper = np.zeros_like(out)
+    upper[rows, cols] = pairs
+    out += upper + np.triu(upper, 1).T
     return 0.5 * (out + out.T)
 
 

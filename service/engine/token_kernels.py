@@ -246,11 +246,13 @@ def layer_norm_token_kernel(k, mean=None) -> np.ndarray:
     m = np.zeros(k.shape[0]) if mean is None else np.asarray(mean, dtype=np.float64)
     centred = k - np.outer(m, m)
     var = np.diag(centred).copy()
-    if not np.all(var > 0.0):
-        raise ValueError("layer_norm of a token with zero variance (its features are constant)")
-    root = np.sqrt(var)
+    if np.any(var < -1e-12 * np.maximum(np.diag(k), 1.0)):
+        raise ValueError("layer_norm: a token's feature mean squared exceeds its second moment")
+    # a token whose features are constant (variance 0) comes out as 0, as (x - mean) / sqrt(var + eps) does
+    live = var > 0.0
+    root = np.where(live, np.sqrt(np.where(live, var, 1.0)), np.inf)
     out = centred / np.outer(root, root)
-    np.fill_diagonal(out, 1.0)
+    np.fill_diagonal(out, np.where(live, 1.0, 0.0))
     return out
 
 

@@ -29,7 +29,14 @@ from sigprop.schemas import Template
 
 from .template_builder import _DEPTH_LIMIT, TemplateSize, _bad, _Builder, _param, _require_depth
 
-__all__ = ["TRANSFORMER_DESCRIPTION", "TRANSFORMER_PARAMETERS", "TRANSFORMER_RULES", "transformer", "transformer_size"]
+__all__ = [
+    "TRANSFORMER_DESCRIPTION",
+    "TRANSFORMER_PARAMETERS",
+    "TRANSFORMER_RULES",
+    "transformer",
+    "transformer_param",
+    "transformer_size",
+]
 
 DEFAULTS = {
     "seq_len": 128,
@@ -76,7 +83,8 @@ TRANSFORMER_RULES = (
 )
 
 
-def _get(t: Template, name: str):
+def transformer_param(t: Template, name: str):
+    """A parameter of the template, its default when not given."""
     value = getattr(t, name)
     return DEFAULTS[name] if value is None else value
 
@@ -84,7 +92,7 @@ def _get(t: Template, name: str):
 def transformer_size(t: Template) -> TemplateSize | None:
     if t.depth is None:
         return None
-    shortcuts, norms = _get(t, "shortcuts"), _get(t, "norms")
+    shortcuts, norms = transformer_param(t, "shortcuts"), transformer_param(t, "norms")
     # q, k, v, attn, proj, fc1, act, fc2 (+ res1, res2) (+ ln1, ln2)
     per_block = 8 + 2 * shortcuts + 2 * norms
     nodes = 2 + t.depth * per_block
@@ -95,9 +103,11 @@ def transformer_size(t: Template) -> TemplateSize | None:
 
 def transformer(t: Template) -> _Builder:
     depth = _require_depth(t, "blocks (attention + MLP)", '{"template": "transformer", "depth": 12}')
-    seq_len, width, heads = _get(t, "seq_len"), _get(t, "width"), _get(t, "heads")
-    hidden = _get(t, "mlp_ratio") * width
-    causal, shortcuts, norms = _get(t, "causal"), _get(t, "shortcuts"), _get(t, "norms")
+    seq_len, width, heads, mlp_ratio, causal, shortcuts, norms = (
+        transformer_param(t, name)
+        for name in ("seq_len", "width", "heads", "mlp_ratio", "causal", "shortcuts", "norms")
+    )
+    hidden = mlp_ratio * width
     if width % heads:
         raise _bad(f"transformer width {width} is not a multiple of heads {heads}", "give a width that heads divides")
     w_skip = float(t.shortcut_weight) if t.shortcut_weight is not None else SHORTCUT_WEIGHT
