@@ -19,10 +19,26 @@ JobStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
 
 def _one_source_schema(schema: dict) -> None:
     """JSON Schema of ``ValidationRequest``: exactly one of ``solve`` and ``key``, as the validator
-    (``_one_source``) demands; the other may be absent or null."""
+    (``_one_source``) demands; the other may be absent or null. And the task's rules
+    (``_task_fields``): a ``charlm`` validation trains on ``stdlib`` with ``arms`` (unique, with
+    ``solved``) and no ``baselines``; any other takes no ``arms`` and not the ``stdlib`` text."""
     schema["oneOf"] = [
         {"required": [given], "properties": {given: {"not": {"type": "null"}}, other: {"type": "null"}}}
         for given, other in (("solve", "key"), ("key", "solve"))
+    ]
+    arms = {"type": "array", "uniqueItems": True, "contains": {"const": "solved"}}
+    schema["allOf"] = [
+        {
+            "if": {"required": ["task"], "properties": {"task": {"const": "charlm"}}},
+            "then": {
+                "properties": {
+                    "dataset": {"const": CHARLM_DATASET},
+                    "baselines": {"maxItems": 0},
+                    "arms": {"anyOf": [arms, {"type": "null"}]},
+                }
+            },
+            "else": {"properties": {"arms": {"type": "null"}, "dataset": {"not": {"const": CHARLM_DATASET}}}},
+        }
     ]
 
 
