@@ -106,13 +106,17 @@ class ValidationCalls:
         lr: float | None = None,
         seed: int | None = None,
         baselines: list[str] | None = None,
+        task: str | None = None,
+        arms: list[str] | None = None,
         **solve_options: Any,
     ) -> str:
         """``POST /v1/validations`` (API key required): validate the answer to the solve request
         ``graph, method, activation, targets`` (``solve_options``: ``init``, ``trainable``,
-        ``c_map_points``, ``assumptions``), or the stored solution ``key``. Returns the job id."""
+        ``c_map_points``, ``assumptions``), or the stored solution ``key``. ``task="charlm"`` (with
+        ``arms``) trains a transformer answer as a byte-level language model (docs/service.md).
+        Returns the job id."""
         options = {"dataset": dataset, "steps": steps, "batch_size": batch_size, "optimizer": optimizer,
-                   "lr": lr, "seed": seed, "baselines": baselines}  # fmt: skip
+                   "lr": lr, "seed": seed, "baselines": baselines, "task": task, "arms": arms}  # fmt: skip
         body = _submission(self, (graph, method, activation, targets), key, solve_options, options)
         return self.submit_validation_request(body)
 
@@ -166,11 +170,13 @@ class AsyncValidationCalls:
         lr: float | None = None,
         seed: int | None = None,
         baselines: list[str] | None = None,
+        task: str | None = None,
+        arms: list[str] | None = None,
         **solve_options: Any,
     ) -> str:
         """``POST /v1/validations`` (see ``Client.submit_validation``)."""
         options = {"dataset": dataset, "steps": steps, "batch_size": batch_size, "optimizer": optimizer,
-                   "lr": lr, "seed": seed, "baselines": baselines}  # fmt: skip
+                   "lr": lr, "seed": seed, "baselines": baselines, "task": task, "arms": arms}  # fmt: skip
         body = _submission(self, (graph, method, activation, targets), key, solve_options, options)
         return await self.submit_validation_request(body)
 

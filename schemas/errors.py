@@ -21,6 +21,7 @@ HTTP_STATUS = {
     "unreachable_target": 422,
     "graph_too_large": 413,
     "dataset_too_large": 413,
+    "validation_too_large": 413,
     "payload_too_large": 413,
     "unauthorized": 401,
     "forbidden": 403,

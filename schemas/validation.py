@@ -9,15 +9,36 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model
 from .solve import SolveRequest
 
 Baseline = Literal["he", "eoc", "plain"]
+Task = Literal["classify", "charlm"]
+# the networks a "charlm" validation trains side by side (docs/service.md, "Character-level LM")
+CharLMArm = Literal["solved", "shortcuts", "standard"]
+CHARLM_ARMS: tuple[str, ...] = ("solved", "shortcuts", "standard")
+CHARLM_DATASET = "stdlib"
 JobStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
 
 
 def _one_source_schema(schema: dict) -> None:
     """JSON Schema of ``ValidationRequest``: exactly one of ``solve`` and ``key``, as the validator
-    (``_one_source``) demands; the other may be absent or null."""
+    (``_one_source``) demands; the other may be absent or null. And the task's rules
+    (``_task_fields``): a ``charlm`` validation trains on ``stdlib`` with ``arms`` (unique, with
+    ``solved``) and no ``baselines``; any other takes no ``arms`` and not the ``stdlib`` text."""
     schema["oneOf"] = [
         {"required": [given], "properties": {given: {"not": {"type": "null"}}, other: {"type": "null"}}}
         for given, other in (("solve", "key"), ("key", "solve"))
+    ]
+    arms = {"type": "array", "uniqueItems": True, "contains": {"const": "solved"}}
+    schema["allOf"] = [
+        {
+            "if": {"required": ["task"], "properties": {"task": {"const": "charlm"}}},
+            "then": {
+                "properties": {
+                    "dataset": {"const": CHARLM_DATASET},
+                    "baselines": {"maxItems": 0},
+                    "arms": {"anyOf": [arms, {"type": "null"}]},
+                }
+            },
+            "else": {"properties": {"arms": {"type": "null"}, "dataset": {"not": {"const": CHARLM_DATASET}}}},
+        }
     ]
 
 
@@ -50,10 +71,52 @@ class ValidationRequest(BaseModel):
         "'plain' (untransformed activation, PyTorch default init)",
     )
 
+    task: Task | None = Field(
+        default=None,
+        description="'classify' (the default: the dataset's classes) or 'charlm' (character-level language "
+        "modelling of the 'stdlib' corpus with a transformer graph; its dataset defaults to 'stdlib', "
+        "its optimizer to 'adam', and it trains 'arms' instead of 'baselines')",
+    )
+    arms: list[CharLMArm] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=3,
+        description="charlm only: 'solved' (the answer applied), 'shortcuts' (the same transformer with "
+        "shortcuts, normalization-free, solved and applied), 'standard' (pre-LN with shortcuts, PyTorch's "
+        "default initialization, plain causal attention); default all three, 'solved' always included",
+    )
+
     @model_validator(mode="after")
     def _one_source(self):
         if (self.solve is None) == (self.key is None):
             raise ValueError("give exactly one of 'solve' (a solve request) or 'key' (a stored solution's key)")
+        return self
+
+    @model_validator(mode="after")
+    def _task_fields(self):
+        given = self.model_fields_set
+        if self.task != "charlm":
+            if self.arms is not None:
+                raise ValueError("'arms' belongs to task 'charlm'; a classification validation takes 'baselines'")
+            if self.dataset == CHARLM_DATASET:
+                raise ValueError('dataset \'stdlib\' is text: use it with "task": "charlm"')
+            return self
+        # defaults of a charlm validation (written into the request, so the stored request says them)
+        if "dataset" not in given:
+            self.dataset = CHARLM_DATASET
+        if self.dataset != CHARLM_DATASET:
+            raise ValueError(f"task 'charlm' trains on dataset '{CHARLM_DATASET}' (Python's standard-library sources)")
+        if "optimizer" not in given:
+            self.optimizer = "adam"
+        if "baselines" in given and self.baselines:
+            raise ValueError("task 'charlm' compares 'arms' ('solved', 'shortcuts', 'standard'), not 'baselines'")
+        self.baselines = []
+        arms = list(self.arms) if self.arms is not None else list(CHARLM_ARMS)
+        if len(set(arms)) != len(arms):
+            raise ValueError("'arms' names an arm twice")
+        if "solved" not in arms:
+            raise ValueError("'arms' must include 'solved': the validation trains the answer it validates")
+        self.arms = ["solved", *(a for a in arms if a != "solved")]
         return self
 
 

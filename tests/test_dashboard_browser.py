@@ -342,6 +342,57 @@ def test_validation_page_live_progress(service, keys, driver, api):
         store.close()
 
 
+def _charlm_results() -> dict:
+    """The results of a charlm validation (``sigprop.worker.charlm``) with three arms' curves."""
+    steps = [10, 20, 30, 40]
+    runs = {}
+    for i, name in enumerate(("solved", "shortcuts", "standard")):
+        values = [4.0 - 0.3 * k - 0.1 * i for k in range(4)]
+        runs[name] = {
+            "description": f"arm {name}",
+            "steps_done": 40,
+            "diverged": False,
+            "loss": {"steps": steps, "values": [v + 0.05 for v in values]},
+            "validation_loss": {"steps": steps, "values": values},
+            "test_accuracy": {"steps": steps, "values": [0.2 + 0.05 * k for k in range(4)]},
+            "final_train_loss": values[-1] - 0.02,
+            "final_validation_loss": values[-1],
+            "final_test_loss": values[-1],
+            "final_test_accuracy": 0.35,
+            "grad_norms": [{"step": 0, "norms": {"b0.q": 0.1, "b0.k": 0.2}}, {"step": 39, "norms": {"b0.q": 0.3}}],
+            "wall_time_s": 1.0,
+        }
+    return {
+        "task": "charlm",
+        "dataset": {"name": "stdlib", "digest": "ab" * 32, "n_train": 1000, "n_validation": 100},
+        "graph": {"transformer": {"depth": 2, "width": 16, "heads": 2, "seq_len": 8}},
+        "runs": runs,
+        "summary": {"text": "solved vs standard: validation loss"},
+    }
+
+
+def test_charlm_validation_page_draws_the_arms_loss_curves(service, keys, driver):
+    """A finished character-level LM validation: training and validation loss curves, one line per arm."""
+    from selenium.webdriver.common.by import By
+
+    store = SqliteValidationStore(service.data_file)
+    vid = "charlm" + "0" * 26
+    try:
+        request = {"key": keys["tat_lrelu"], "task": "charlm", "dataset": "stdlib", "steps": 40, "batch_size": 4}
+        store.create(vid, keys["tat_lrelu"], {**request, "arms": ["solved", "shortcuts", "standard"]}, time.time())
+        assert store.start(vid, "cpu") == 1
+        assert store.finish(vid, _charlm_results())
+        driver.get(f"{service.base_url}/dashboard/validations/{vid}")
+        for plot in ("loss-plot", "validation-loss-plot"):
+            wait_for(driver, lambda d: len(rendered_lines(d, plot)) == 3, f"three lines in the {plot}")
+        assert not driver.find_elements(By.ID, "accuracy-plot") and not driver.find_elements(By.ID, "c-values-plot")
+        assert "Next-byte accuracy" in driver.find_element(By.TAG_NAME, "main").text
+        assert not severe_console_errors(driver)
+        screenshot(driver, "validation-charlm")
+    finally:
+        store.close()
+
+
 # -- layout at 800 and 1400 px --------------------------------------------------------------------
 
 WIDTHS = (800, 1400)

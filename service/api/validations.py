@@ -39,13 +39,14 @@ from ..storage import (
     sqlite_path,
     write_refused,
 )
+from ..worker.charlm_plan import plan_charlm
 from ..worker.dataset_policy import DatasetPolicy, graph_input_shape
 from ..worker.local import LocalRunner
 from ..worker.queue import RedisQueue
 from .observability import STORAGE
 from .solutions import SolutionService
 
-DATASETS = ("digits", "synthetic")
+DATASETS = ("digits", "synthetic", "stdlib")
 
 
 class Runner(Protocol):
@@ -111,8 +112,8 @@ def _check_dataset(name: str) -> None:
     raise SigpropError(
         "invalid_request",
         f"dataset: {name!r} is not a dataset",
-        "use 'digits', 'synthetic', or the name of an .npz file in SIGPROP_DATASETS_DIR "
-        "(arrays x_train, y_train, x_test, y_test)",
+        "use 'digits', 'synthetic', 'stdlib' (text, task 'charlm'), or the name of an .npz file in "
+        "SIGPROP_DATASETS_DIR (arrays x_train, y_train, x_test, y_test)",
     )
 
 
@@ -179,15 +180,21 @@ class Validations:
             outcome = self.solutions.solve(json.dumps(data["solve"], separators=(",", ":")).encode(), client)
             graph = _wire_graph(req.solve, self.solutions.limits.max_nodes)
             key, answer = outcome.key, json.loads(outcome.body)
+            solve_request = data["solve"]
         else:
             record = self.solutions.get(req.key)  # not_found when there is no such solution
             key, answer = req.key, record["answer"]
             graph = _wire_graph(parse_solve_request(record["request"]), self.solutions.limits.max_nodes)
+            solve_request = record["request"]
         if req.dataset == "synthetic":  # its input shape is the graph's, known once the solve checked it
             self.policy.check(req.dataset, graph_input_shape(graph))
         self.policy.check_fit(req.dataset, graph)  # input size and classes: refused now, not on the worker
         request = req.model_dump(mode="json", by_alias=True, exclude_none=True)
-        return key, request, {"request": request, "graph": graph, "solution": answer}
+        payload = {"request": request, "graph": graph, "solution": answer}
+        if req.task == "charlm":
+            plan_charlm(request, graph)  # a transformer graph, within the cost bounds: refused now
+            payload["solve_request"] = solve_request  # the shortcuts arm is solved with the same fields
+        return key, request, payload
 
     def submit(self, prepared: tuple[str, dict, dict]) -> dict:
         key, request, payload = prepared

@@ -398,10 +398,11 @@ def progress_view(job: dict) -> dict:
 
 def validation_view(job: dict) -> dict:
     """Everything the validation page shows: the runs' curves, gradient norms per layer at the
-    first and the last recorded step, empirical C values against the predicted one."""
+    first and the last recorded step, empirical C values against the predicted one; for a
+    character-level LM validation (``task`` 'charlm') the validation-loss curves of its arms."""
     results = job.get("results") if isinstance(job.get("results"), dict) else {}
     runs = results.get("runs") if isinstance(results.get("runs"), dict) else {}
-    loss, accuracy, grads, cvalues, rows = [], [], [], [], []
+    loss, accuracy, grads, cvalues, rows, validation_loss = [], [], [], [], [], []
     for name, run in runs.items():
         if not isinstance(run, dict):
             continue
@@ -411,6 +412,7 @@ def validation_view(job: dict) -> dict:
                 "description": run.get("description"),
                 "final_test_accuracy": run.get("final_test_accuracy"),
                 "final_test_loss": run.get("final_test_loss"),
+                "final_train_loss": run.get("final_train_loss"),
                 "steps_done": run.get("steps_done"),
                 "diverged": run.get("diverged"),
                 "wall_time_s": run.get("wall_time_s"),
@@ -423,12 +425,16 @@ def validation_view(job: dict) -> dict:
             loss.append({"name": _esc(name), **c})
         if (c := _curve(run.get("test_accuracy"))) is not None:
             accuracy.append({"name": _esc(name), **c})
+        if (c := _curve(run.get("validation_loss"))) is not None:
+            validation_loss.append({"name": _esc(name), **c})
         grads.extend(_grad_series(name, run.get("grad_norms")))
         if (cv := _c_series(name, run.get("c_values"))) is not None:
             cvalues.append(cv)
     summary = results.get("summary") if isinstance(results.get("summary"), dict) else {}
     request = job.get("request") if isinstance(job.get("request"), dict) else {}
+    task = results.get("task") or request.get("task")
     return {
+        "task": task if task in ("classify", "charlm") else "classify",
         "job": job,
         "status": progress_view(job),
         "request": request,
@@ -437,7 +443,13 @@ def validation_view(job: dict) -> dict:
         "summary_text": summary.get("text") if isinstance(summary.get("text"), str) else None,
         "config": results.get("config") if isinstance(results.get("config"), dict) else None,
         "dataset": results.get("dataset") if isinstance(results.get("dataset"), dict) else None,
-        "plots": {"loss": loss, "accuracy": accuracy, "grad_norms": grads, "c_values": cvalues},
+        "plots": {
+            "loss": loss,
+            "accuracy": accuracy,
+            "grad_norms": grads,
+            "c_values": cvalues,
+            "validation_loss": validation_loss,
+        },
         "has_results": bool(results),
     }
 

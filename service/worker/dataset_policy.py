@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import SigpropError
 from ..schemas.graph import Graph
 from ..schemas.shapes import infer_shapes
+from ..schemas.validation import CHARLM_DATASET
 from .datasets import SYNTHETIC_CLASSES
 
 BUILTIN = ("digits", "synthetic")
@@ -74,7 +75,7 @@ class DatasetPolicy:
     def check(self, name: str, input_shape: Sequence[int] | None) -> str:
         """Refuse (``SigpropError``) a dataset this server must not load; return the name to load:
         the built-in name, or the .npz file's resolved path inside the datasets folder."""
-        if name == "digits":
+        if name in ("digits", CHARLM_DATASET):  # built in; 'stdlib' reads a fixed list (charlm_corpus)
             return name
         if name == "synthetic":
             self.check_features(tuple(input_shape) if input_shape else SYNTHETIC_DEFAULT_SHAPE, "synthetic inputs")
@@ -82,7 +83,7 @@ class DatasetPolicy:
         if not name.lower().endswith(".npz"):
             raise _bad(
                 f"{name!r} is not a dataset",
-                "use 'digits', 'synthetic', or the name of an .npz file in the "
+                "use 'digits', 'synthetic', 'stdlib' (text, for task 'charlm'), or the name of an .npz file in the "
                 "server's datasets folder (SIGPROP_DATASETS_DIR), relative to it",
             )
         path = self.resolve(name)
@@ -93,6 +94,8 @@ class DatasetPolicy:
         """Refuse (422 ``invalid_request``) a dataset the graph cannot train on: inputs of another
         size than the graph's input, or another number of classes than its output's units. Checked
         at submission, so a mismatch is answered at once instead of failing on the worker later."""
+        if name == CHARLM_DATASET:  # text for a transformer: charlm_plan checks the graph
+            return
         if name in BUILTIN_FACTS:
             features, classes = BUILTIN_FACTS[name]
         else:

@@ -23,7 +23,7 @@ from ..settings import offline_limits
 # Adam is unstable at 1e-3, while 0.002 / 3e-4 train it to ~0.95 test accuracy in 300 steps.
 DEFAULT_LR = {"sgd": 0.002, "adam": 3e-4}
 SGD_MOMENTUM = 0.9
-_TRAIN_FIELDS = ("dataset", "steps", "batch_size", "optimizer", "lr", "seed", "baselines")
+_TRAIN_FIELDS = ("dataset", "steps", "batch_size", "optimizer", "lr", "seed", "baselines", "task", "arms")
 
 
 def _training_config(request: Any) -> ValidationRequest:

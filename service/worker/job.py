@@ -14,6 +14,7 @@ from collections.abc import Callable
 from ..schemas.solve import Solution
 from ..settings import get_settings
 from ..storage import ValidationStore
+from .charlm_plan import plan_charlm
 from .dataset_policy import DatasetPolicy, graph_input_shape
 
 log = logging.getLogger("sigprop")
@@ -42,6 +43,10 @@ def train(
 ) -> dict:
     """What a job trains: ``sigprop.worker.training.run_validation``, imported on first use (it
     needs torch, which the API does not). :func:`execute` looks this name up at each call."""
+    if request.get("task") == "charlm":
+        from .charlm import run_charlm_validation
+
+        return run_charlm_validation(request, graph, solution, progress=progress, cancelled=cancelled, device=device)
     from .training import run_validation
 
     return run_validation(request, graph, solution, progress=progress, cancelled=cancelled, device=device)
@@ -103,6 +108,10 @@ def confine_dataset(payload: dict, policy: DatasetPolicy | None) -> dict:
     policy = policy or DatasetPolicy.from_settings(get_settings())
     request = dict(payload["request"])
     request["dataset"] = policy.check(str(request.get("dataset", "digits")), graph_input_shape(payload["graph"]))
+    if request.get("task") == "charlm":
+        plan_charlm(request, payload["graph"])  # the cost bounds, again on the worker
+        if payload.get("solve_request") is not None:  # the shortcuts arm solves with the same fields
+            request["solve_request"] = payload["solve_request"]
     return request
 
 

@@ -17,7 +17,15 @@ avg/max_pool       ``nn.AvgPool2d`` / ``nn.MaxPool2d``
 global_avg_pool    a mean over the spatial dims
 flatten            ``torch.flatten(x, 1)``
 dropout, identity  ``nn.Dropout(rate)``, ``nn.Identity()``
+attention          ``sigprop.client.torch.attention.ShapedAttention(heads, seq_len, causal)``
+                   called with the node's q, k, v inputs (plain causal softmax attention until
+                   an answer's initialization is loaded into it)
+layer_norm         ``nn.LayerNorm(width)`` over each token's features (affine identity at init)
 =================  ==================================================================
+
+In a sequence graph (input ``[T, D]``, ``"sequence": true``) tensors are ``(batch, T, features)``:
+dense layers act per token on the last axis. The model of a sequence graph has no class output
+(``n_classes=None``); ``sigprop.worker.charlm`` puts an embedding before it and a head after it.
 
 Module paths are the graph's node ids: an id ``block_group_0.block_0.conv_1`` is the submodule
 ``conv_1`` of container ``block_0`` of container ``block_group_0``, so ``graph_from_module`` on the
@@ -46,6 +54,7 @@ import torch.fx
 from torch import nn
 
 from ..client.torch import ApplyReport, NormalizedSum, TransformedActivation, apply, graph_from_module, native_module
+from ..client.torch.attention import ShapedAttention
 from ..engine.graph import AFFINE, NetworkGraph, build_graph
 from ..errors import SigpropError
 from ..schemas.activations import PIECEWISE_LINEAR_ACTIVATIONS, SPARSE_ACTIVATIONS
@@ -138,7 +147,8 @@ def _node_module(
     if nd.op == "input":
         kind = "input"
     elif nd.op == "dense":
-        mod = nn.Linear(int(in_shape[0]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
+        # per token in a sequence graph ([T, D]): the features are the last axis
+        mod = nn.Linear(int(in_shape[-1]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
         model.weighted.append(nd.user_id)
     elif nd.op == "conv":
         mod = nn.Conv2d(
@@ -175,6 +185,14 @@ def _node_module(
         mod = nn.Dropout(float(nd.attrs["rate"]))
     elif nd.op == "identity":
         mod = nn.Identity()
+    elif nd.op == "attention":
+        seq_len, width = (int(v) for v in in_shape)
+        mod = ShapedAttention(int(nd.attrs.get("heads", 1)), seq_len, bool(nd.attrs.get("causal", True)), d_model=width)
+        kind = "attention"
+        model.attentions.append(nd.user_id)
+    elif nd.op == "layer_norm":
+        mod = nn.LayerNorm(int(in_shape[-1]))
+        model.norms.append(nd.user_id)
     elif nd.op == "output":
         kind = "pass"
     else:  # pragma: no cover - build_graph admits no other op
@@ -186,11 +204,14 @@ class GraphModel(nn.Module):
     """A contract graph as a ``torch.nn.Module`` (see the module docstring).
 
     Attributes: ``paths`` (node id -> module path, for every node with a module), ``weighted``
-    (ids of dense/conv nodes, canonical order), ``activations`` and ``sums`` (ids),
-    ``input_shape`` (the graph's input shape) and ``n_classes``.
+    (ids of dense/conv nodes, canonical order), ``activations``, ``sums``, ``attentions`` and
+    ``norms`` (ids), ``input_shape`` (the graph's input shape) and ``n_classes`` (None for a
+    sequence graph's model, whose output is the last token stream).
     """
 
-    def __init__(self, graph: NetworkGraph, n_classes: int, *, activation: str | None = None, residual: str = "graph"):
+    def __init__(
+        self, graph: NetworkGraph, n_classes: int | None, *, activation: str | None = None, residual: str = "graph"
+    ):
         super().__init__()
         if residual not in ("graph", "plain"):
             raise ValueError(f"residual must be 'graph' or 'plain', not {residual!r}")
@@ -199,11 +220,14 @@ class GraphModel(nn.Module):
         self.weighted: list[str] = []
         self.activations: list[str] = []
         self.sums: list[str] = []
-        self.n_classes = int(n_classes)
+        self.attentions: list[str] = []
+        self.norms: list[str] = []
+        self.n_classes = None if n_classes is None else int(n_classes)
         self._plan: list[tuple[int, str, Any, tuple[int, ...]]] = []
 
         self.input_shape = _input_shape(graph)
-        _check_output(graph, self.n_classes)
+        if self.n_classes is not None:
+            _check_output(graph, self.n_classes)
         self._output = graph.output
 
         for nd in graph.nodes:
@@ -253,6 +277,8 @@ class GraphModel(nn.Module):
                 v = mod(vals[ins[0]])
             elif kind == "sum":
                 v = mod(*[vals[i] for i in ins])
+            elif kind == "attention":
+                v = mod(vals[ins[0]], vals[ins[1]], vals[ins[2]])
             elif kind == "concat":
                 v = torch.cat([vals[i] for i in ins], dim=1)
             elif kind == "global_avg_pool":
@@ -293,7 +319,7 @@ def _torch_padding(nid: str, attrs: dict, in_shape) -> Any:
 
 
 def build_model(
-    graph: NetworkGraph, n_classes: int, *, activation: str | None = None, residual: str = "graph"
+    graph: NetworkGraph, n_classes: int | None, *, activation: str | None = None, residual: str = "graph"
 ) -> GraphModel:
     """A ``GraphModel`` executing ``graph``; its output must have ``n_classes`` units.
 
@@ -383,7 +409,12 @@ def _translate(solution: Solution, graph: NetworkGraph, paths: dict[str, str]) -
 
 
 def build_solved(
-    graph: NetworkGraph, solution: Solution, n_classes: int, example_input: torch.Tensor, *, seed: int | None = None
+    graph: NetworkGraph,
+    solution: Solution,
+    n_classes: int | None,
+    example_input: torch.Tensor,
+    *,
+    seed: int | None = None,
 ) -> Built:
     """``solution`` applied to the graph's network the way a user does it.
 

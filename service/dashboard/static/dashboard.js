@@ -236,7 +236,11 @@
     if (data.active) follow(data.status);
     withPlotly(() => {
       if (p.loss.length) curves("loss-plot", p.loss, "training loss");
-      if (p.accuracy.length) curves("accuracy-plot", p.accuracy, "test accuracy");
+      if (p.validation_loss && p.validation_loss.length) {
+        curves("validation-loss-plot", p.validation_loss, "validation loss (nats per byte)");
+      } else if (p.accuracy.length) {
+        curves("accuracy-plot", p.accuracy, "test accuracy");
+      }
       if (p.grad_norms.length) drawGradNorms(p.grad_norms);
       if (p.c_values.length) drawCValues(p.c_values);
     });
