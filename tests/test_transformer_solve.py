@@ -396,3 +396,82 @@ def test_a_token_wise_network_without_attention_solves_with_an_entrywise_token_k
     assert sol.attention is None and sol.token_kernel.schedule == []
     out = np.array(sol.token_kernel.output)
     assert np.allclose(np.diag(out), 1.0) and np.allclose(out[~np.eye(8, dtype=bool)], sol.c_f_0)
+
+
+def _nested_reuse(seq_len: int | None) -> dict:
+    x = {"id": "x", "op": "input", "shape": [64] if seq_len is None else [seq_len, 64]}
+    if seq_len is not None:
+        x["sequence"] = True
+    return {
+        "nodes": [
+            x,
+            {"id": "x1", "op": "dense", "inputs": ["x"], "units": 64},
+            {"id": "a0", "op": "activation", "inputs": ["x1"]},
+            {"id": "f", "op": "dense", "inputs": ["a0"], "units": 64},
+            {"id": "s1", "op": "sum", "inputs": ["x1", "f"]},
+            {"id": "s2", "op": "sum", "inputs": ["x1", "s1"]},  # x1 reaches s2 through two paths
+            {"id": "a1", "op": "activation", "inputs": ["s2"]},
+            {"id": "d2", "op": "dense", "inputs": ["a1"], "units": 64},
+            {"id": "o", "op": "output", "inputs": ["d2"]},
+        ]
+    }
+
+
+def test_a_reused_stream_in_a_sequence_graph_composes_over_atoms_like_the_scalar_engine():
+    # sum(x1, sum(x1, F(x1))): x1's coefficients add before squaring, and the answer's sum_scales
+    # renormalize s2. Token-wise, every off-diagonal entry of the output kernel is the C map of a pair
+    # of orthogonal inputs, which the scalar engine computes over atoms: they must agree (the
+    # independent-branch rule gave 0.3166 here, against 0.3)
+    scalar = sigprop.solve(_nested_reuse(None), "tat", "leaky_relu", {"eta": 0.3})
+    tokens = sigprop.solve(_nested_reuse(8), "tat", "leaky_relu", {"eta": 0.3})
+    assert tokens.sum_scales == scalar.sum_scales and set(tokens.sum_scales) == {"s2"}
+    out = np.array(tokens.token_kernel.output)
+    assert np.allclose(np.diag(out), 1.0, atol=1e-12)
+    assert np.allclose(out[~np.eye(8, dtype=bool)], scalar.network_c_f_0, atol=1e-12)
+
+
+def test_a_reused_stream_around_attention_matches_a_width_512_monte_carlo():
+    # d0 feeds the attention's value and is added twice (s1, then s2 again: a shared atom whose
+    # coefficients, one a token-mixing matrix, add before the kernel is formed); s3 adds a fresh
+    # branch to s2. 32 numpy networks of width 512 built from the answer, orthonormal tokens
+    from sigprop.schemas.attention_init import expand_attention
+
+    t, n = 8, 512
+    nodes = [
+        {"id": "x", "op": "input", "shape": [t, n], "sequence": True},
+        {"id": "d0", "op": "dense", "inputs": ["x"], "units": n},
+        *({"id": p, "op": "dense", "inputs": ["d0"], "units": n} for p in ("q", "k", "v")),
+        {"id": "att", "op": "attention", "inputs": ["q", "k", "v"], "heads": 4, "causal": True},
+        {"id": "s1", "op": "sum", "inputs": ["d0", "att"]},
+        {"id": "s2", "op": "sum", "inputs": ["d0", "s1"]},
+        {"id": "a1", "op": "activation", "inputs": ["s2"]},
+        {"id": "f", "op": "dense", "inputs": ["a1"], "units": n},
+        {"id": "s3", "op": "sum", "inputs": ["f", "s2"]},
+        {"id": "a2", "op": "activation", "inputs": ["s3"]},
+        {"id": "o", "op": "dense", "inputs": ["a2"], "units": n},
+        {"id": "out", "op": "output", "inputs": ["o"]},
+    ]
+    attention = {"shaping": "e-spa", "final_gamma": 0.3}
+    sol = sigprop.solve({"nodes": nodes}, "tat", "leaky_relu", {"eta": 0.3}, attention=attention)
+    assert set(sol.sum_scales) == {"s2"}
+    predicted = np.array(sol.token_kernel.output)
+    a_mix = expand_attention(sol.attention.layers[0].generator, t, True).matrix()
+    slope, out_scale, scales = sol.negative_slope, sol.output_scale, sol.sum_scales
+
+    def phi(z):
+        return out_scale * np.where(z > 0, z, slope * z)
+
+    rng, w = np.random.default_rng(0), 1 / math.sqrt(2)
+    kernels = []
+    for _ in range(32):
+        x = math.sqrt(n) * np.linalg.qr(rng.standard_normal((n, t)))[0].T
+        dense = lambda h: h @ (rng.standard_normal((n, n)) / math.sqrt(n))  # noqa: E731
+        d0 = dense(x)
+        s1 = w * d0 + w * (a_mix @ dense(d0))
+        s2 = scales["s2"] * (w * d0 + w * s1)
+        s3 = w * dense(phi(s2)) + w * s2
+        out = dense(phi(s3))
+        kernels.append(out @ out.T / n)
+    kernels = np.array(kernels)
+    se = kernels.std(axis=0, ddof=1) / math.sqrt(len(kernels))
+    assert np.all(np.abs(kernels.mean(axis=0) - predicted) <= 3 * se + 0.02)

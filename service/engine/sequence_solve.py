@@ -97,7 +97,11 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
         for i, g in zip(view.attention, generators, strict=True)
     }
     dense = {nd.index: (sigma_w2, sigma_b2) for nd in nodes if nd.kind == AFFINE}
-    program = TokenKernelProgram(graph, mixers, dense)
+    # the answer's sum_scales renormalize sums that one atom reaches through several paths; the
+    # adapters multiply those sums' weights by them, so the propagation does too
+    scales = answer.sum_scales or {}
+    sum_scales = {nd.index: scales[nd.user_id] for nd in nodes if nd.user_id in scales}
+    program = TokenKernelProgram(graph, mixers, dense, sum_scales)
     with _one_blas_thread():
         kernel = program.global_map(np.eye(tokens), _activation_maps(graph, answer)).kernel
     rows = kernel.tolist()

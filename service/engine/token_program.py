@@ -11,8 +11,14 @@ Shortcuts", arXiv:2302.10322, section 3; the per-op maps are ``token_kernels``')
 - activation: the local map ``r(value, slot)`` of the function at that slot, entrywise with
   unequal diagonals (the caller builds it from ``token_kernels.activation_token_kernel``);
 - attention: A K A^T with A the node's matrix at initialization, its value input's kernel;
-- sum: the linear rule of ``schemas.kernels`` applied to whole kernels (``sum_coefficients``: cross
-  terms vanish, each branch ending in fresh zero-mean weights), means summed with the weights;
+- sum: linear, so over *atoms* as in ``schemas.atoms``: every stream is a combination
+  sum_a C_a x_a of independent atoms (the input, dense outputs, activation and layer-norm outputs),
+  whose coefficient C_a is a number or, after attention, a T x T token-mixing matrix; its kernel is
+  sum_a C_a K_a C_a^T. An atom that reaches a sum through several paths (a copy, a nested sum, a
+  stream added into two sums) has its coefficients added before the kernel is formed, as the scalar
+  engine does (``subnetworks._shared_steps``); where no atom is shared this is the ``w_i^2`` rule of
+  ``schemas.kernels``. ``sum_scales`` (the answer's, by node index) multiply a sum's weights, as the
+  adapters do;
 - layer_norm: per-token centring and scaling (``token_kernels.layer_norm_token_kernel``);
 - identity, dropout (evaluation mode), output: the value itself.
 
@@ -30,10 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..schemas.kernels import sum_coefficients
 from .graph import ACT, AFFINE, ATTENTION, NORM, SOURCE, SUM, NetworkGraph
 from .program import WHOLE_NETWORK, NetworkProgram, Repeat
-from .token_kernels import attention_token_kernel, dense_token_kernel, layer_norm_token_kernel, sum_token_kernel
+from .token_kernels import dense_token_kernel, layer_norm_token_kernel
 
 __all__ = ["TokenValue", "TokenKernelProgram", "max_token_correlation"]
 
@@ -47,6 +52,42 @@ class TokenValue:
 
 
 TokenMap = Callable[[TokenValue, int], TokenValue]
+# a stream over atoms: atom node -> its coefficient, a number c (c I) or a T x T token-mixing matrix
+Expansion = dict[int, "float | np.ndarray"]
+
+
+def _scaled(c, coef: float):
+    return coef * c
+
+
+def _added(x, y):
+    """x + y for coefficients: numbers stand for multiples of the identity."""
+    if isinstance(x, float) and not isinstance(y, float):
+        x = x * np.eye(y.shape[0])
+    elif isinstance(y, float) and not isinstance(x, float):
+        y = y * np.eye(x.shape[0])
+    return x + y
+
+
+def _mixed(a: np.ndarray, c):
+    return a * c if isinstance(c, float) else a @ c
+
+
+def _value(expansion: Expansion, atoms: Mapping[int, TokenValue]) -> TokenValue:
+    """The kernel sum_a C_a K_a C_a^T and mean sum_a C_a m_a of a stream (atoms independent)."""
+    if len(expansion) == 1:
+        ((a, c),) = expansion.items()
+        if isinstance(c, float) and c == 1.0:
+            return atoms[a]
+    kernel, mean = None, None
+    for a, c in expansion.items():
+        v = atoms[a]
+        k = c * c * v.kernel if isinstance(c, float) else c @ v.kernel @ c.T
+        kernel = k if kernel is None else kernel + k
+        if v.mean is not None:
+            m = c * v.mean if isinstance(c, float) else c @ v.mean
+            mean = m if mean is None else mean + m
+    return TokenValue(kernel, mean)
 
 
 def max_token_correlation(kernel: np.ndarray) -> float:
@@ -72,10 +113,12 @@ class TokenKernelProgram(NetworkProgram):
         graph: NetworkGraph,
         mixers: Mapping[int, np.ndarray],
         dense: Mapping[int, tuple[float, float]] | None = None,
+        sum_scales: Mapping[int, float] | None = None,
     ):
         self.graph = graph
         self.mixers = dict(mixers)
         self.dense = dict(dense or {})
+        self.sum_scales = dict(sum_scales or {})
         nodes = graph.nodes
         fn_slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
         self.slots = {nd.index: fn_slot[nd.attrs["fn"]] for nd in nodes if nd.kind == ACT}
@@ -87,45 +130,56 @@ class TokenKernelProgram(NetworkProgram):
             raise ValueError(f"no attention matrix for {', '.join(missing)}")
 
     def _walk(self, x, r: TokenMap, visit: Callable[[int, TokenValue], None] | None = None) -> TokenValue:
-        nodes, values = self.graph.nodes, {}
+        nodes = self.graph.nodes
         readers = list(self._readers)
+        atoms: dict[int, TokenValue] = {}  # the atoms some live stream still holds
+        held: dict[int, int] = {}  # atom -> how many live streams hold it
+        streams: dict[int, Expansion] = {}
         start = x if isinstance(x, TokenValue) else TokenValue(np.asarray(x, dtype=float))
+
+        def atom(v: int, value: TokenValue) -> Expansion:
+            atoms[v] = value
+            return {v: 1.0}
+
         for nd in nodes:
-            ins = nd.inputs
-            kind = nd.kind
+            ins, kind, v = nd.inputs, nd.kind, nd.index
             if kind == SOURCE:
-                value = start
+                e = atom(v, start)
             elif kind == AFFINE:
-                w, b = self.dense.get(nd.index, (1.0, 0.0))
-                v = values[ins[0]]
-                if w == 1.0 and b == 0.0:  # q-preserving weights, no bias: the kernel itself, mean 0
-                    value = v if v.mean is None else TokenValue(v.kernel)
-                else:
-                    value = TokenValue(dense_token_kernel(v.kernel, w, b))
+                w, b = self.dense.get(v, (1.0, 0.0))
+                k = _value(streams[ins[0]], atoms).kernel
+                # a fresh zero-mean weight matrix: a new atom, independent of everything before it
+                e = atom(v, TokenValue(k if w == 1.0 and b == 0.0 else dense_token_kernel(k, w, b)))
             elif kind == ACT:
-                value = r(values[ins[0]], self.slots[nd.index])
-            elif kind == ATTENTION:
-                a, v = self.mixers[nd.index], values[ins[2]]
-                value = TokenValue(attention_token_kernel(v.kernel, a), None if v.mean is None else a @ v.mean)
-            elif kind == SUM:
-                parts = [values[i] for i in ins]
-                weights = nd.attrs["weights"]
-                kernel = sum_token_kernel([p.kernel for p in parts], sum_coefficients(weights))
-                means = [w * p.mean for w, p in zip(weights, parts, strict=True) if p.mean is not None]
-                value = TokenValue(kernel, sum(means) if means else None)
+                e = atom(v, r(_value(streams[ins[0]], atoms), self.slots[v]))
             elif kind == NORM:
-                v = values[ins[0]]
-                value = TokenValue(layer_norm_token_kernel(v.kernel, v.mean))
+                u = _value(streams[ins[0]], atoms)
+                e = atom(v, TokenValue(layer_norm_token_kernel(u.kernel, u.mean)))
+            elif kind == ATTENTION:
+                a = self.mixers[v]
+                e = {t: _mixed(a, c) for t, c in streams[ins[2]].items()}
+            elif kind == SUM:
+                scale = self.sum_scales.get(v, 1.0)
+                e = {}
+                for i, w in zip(ins, nd.attrs["weights"], strict=True):
+                    for t, c in streams[i].items():
+                        term = _scaled(c, scale * w)
+                        e[t] = term if t not in e else _added(e[t], term)
             else:  # identity, dropout, output
-                value = values[ins[0]]
-            values[nd.index] = value
+                e = streams[ins[0]]
+            streams[v] = e
+            for t in e:
+                held[t] = held.get(t, 0) + 1
             if visit is not None:
-                visit(nd.index, value)
+                visit(v, _value(e, atoms))
             for i in ins:
                 readers[i] -= 1
                 if readers[i] == 0:
-                    del values[i]
-        return values[self.output]
+                    for t in streams.pop(i):
+                        held[t] -= 1
+                        if held[t] == 0:
+                            del held[t], atoms[t]
+        return _value(streams[self.output], atoms)
 
     def global_map(self, x, r: TokenMap, repeat: Repeat | None = None) -> TokenValue:
         """The output's token value for the input kernel ``x`` (or ``TokenValue``)."""
