@@ -97,6 +97,17 @@ class Settings(NodeLimit):
         le=64,
         description="worker processes per API process besides SIGPROP_SOLVE_PROCESSES that only small solves use (0: no small lane)",
     )
+    inline_solve_cost: int = Field(
+        default=1_000,
+        ge=0,
+        description="a cold solve of at most this many nodes + edges (not a sequence graph) is first tried in the API process itself, one at a time per process, within SIGPROP_INLINE_SOLVE_BUDGET_MS; past the budget it goes to a solver process (0: never in the API process)",
+    )
+    inline_solve_budget_ms: float = Field(
+        default=20.0,
+        gt=0,
+        le=1_000,
+        description="the wall-clock budget of a solve tried in the API process (SIGPROP_INLINE_SOLVE_COST); after a solve runs past it, the API process tries none for ten times the time it spent",
+    )
     cold_solves_per_client: int = Field(
         default=1,
         ge=0,

@@ -24,7 +24,7 @@ from .coldpool import SolverPool
 from .deps import Offload, read_access
 from .exposure import ClosedSurfacesMiddleware, closed_paths
 from .handlers import install_error_handlers
-from .hothits import HotHitMiddleware
+from .inline_lane import InlineLane
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
 from .probe_state import ProbeState
@@ -32,6 +32,7 @@ from .proxies import apply_proxy_trust
 from .ratelimit import make_limits
 from .routers import V1_ROUTERS, health
 from .solutions import SolutionService
+from .solve_fastpath import SolveFastPath
 from .validations import make_validations
 
 # One tiny solve imports and exercises the engine before /readyz says ready.
@@ -94,6 +95,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else None
         ),
         small_cost=settings.small_solve_cost,
+        inline=(
+            InlineLane(settings.inline_solve_cost, settings.inline_solve_budget_ms / 1000)
+            if settings.inline_solve_cost and settings.solve_processes
+            else None
+        ),
         # Redis only: the SQLite file has no change notifications to keep a memory coherent
         hot=state.cache.hot_answers(),
     )
@@ -110,7 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     install_openapi(app)
     # innermost of ours: hits it answers are still size-limited, logged and counted
-    app.add_middleware(HotHitMiddleware, solutions=state.solutions, enabled=not settings.keys_for_reads)
+    app.add_middleware(SolveFastPath, state=state, enabled=not settings.keys_for_reads)
     app.add_middleware(ClosedSurfacesMiddleware, closed=closed_paths(settings))  # docs, dashboard, metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, logger=logger)

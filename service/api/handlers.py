@@ -43,15 +43,16 @@ async def sigprop_error(_request: Request, err: SigpropError) -> JSONResponse:
     return error_response(err)
 
 
+CACHE_DOWN_ERROR = SigpropError(
+    "cache_unavailable",
+    "the solution store cannot be reached right now",
+    "retry shortly; POST /v1/solve keeps answering without the store",
+    503,
+)
+
+
 async def cache_down(_request: Request, _exc: CacheUnavailable) -> JSONResponse:
-    return error_response(
-        SigpropError(
-            "cache_unavailable",
-            "the solution store cannot be reached right now",
-            "retry shortly; POST /v1/solve keeps answering without the store",
-            503,
-        )
-    )
+    return error_response(CACHE_DOWN_ERROR)
 
 
 async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -53,6 +53,11 @@ SOLVE_SECONDS = Histogram(
 # What each API process holds, sampled by probe_state.py; "livesum": with several workers, the sum
 # over the live ones. part: hot_answers, body_memo, solver_processes (their resident memory),
 # api_process (this process's resident memory).
+INLINE_SOLVES = Counter(
+    "sigprop_inline_solves_total",
+    "small cold solves tried in the API process (api/inline_lane.py): done, over_budget (handed on), busy",
+    ["outcome"],
+)
 MEMORY_BYTES = Gauge("sigprop_memory_bytes", "bytes held, by part", ["part"], multiprocess_mode="livesum")
 MEMORY_ENTRIES = Gauge("sigprop_memory_entries", "entries held, by part", ["part"], multiprocess_mode="livesum")
 SOLVER_PROCESSES = Gauge("sigprop_solver_processes", "solver processes alive", multiprocess_mode="livesum")

@@ -42,6 +42,7 @@ from ..storage.hot import HotAnswers
 from ..storage.records import PLAIN
 from .admission import BodyMemo, check_body_cost
 from .coldpool import SolverPool, solve_prepared, timeout_error
+from .inline_lane import InlineLane
 from .observability import CACHE, SOLVE_SECONDS, STORAGE
 
 # the Settings defaults of nodes, depth and fan-in (no price): what a service built without
@@ -112,6 +113,7 @@ class SolutionService:
         solve_timeout_s: float | None = None,
         hot: HotAnswers | None = None,
         small_cost: int = 0,
+        inline: InlineLane | None = None,
     ):
         # body digest -> canonical key and ids: a pure function of the bytes (and the engine
         # version), so repeated bodies skip validation, template expansion and canonicalization.
@@ -135,6 +137,8 @@ class SolutionService:
         self.solve_timeout_s = solve_timeout_s if solve_timeout_s is not None else wait_timeout_s
         # a cold solve of at most this many nodes + edges may take the solver pool's small lane
         self.small_cost = small_cost
+        # small solves tried in this process before a solver process is asked (None: never)
+        self.inline = inline
 
     def memory(self) -> dict[str, int]:
         """What this process holds for its answers, in bytes and entries (``/metrics``)."""
@@ -341,9 +345,15 @@ class SolutionService:
         return health is not None and health.degraded
 
     def _compute(self, cold: ColdSolve, deadline: float) -> str:
-        """The canonical answer JSON: in a solver process killed at ``deadline``, or in this thread."""
+        """The canonical answer JSON: in this thread when the inline lane takes it within its budget
+        (``inline_lane.py``), else in a solver process killed at ``deadline``; in this thread when
+        there is no solver pool."""
         if self.solver is None:
             return solve_canonical(cold.prep).to_json()
+        if self.inline is not None:
+            text = self.inline.try_solve(cold.prep, cold.cost)
+            if text is not None:
+                return text
         left = deadline - time.monotonic()
         if left <= 0:
             raise timeout_error(self.solve_timeout_s)

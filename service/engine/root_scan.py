@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from ..schemas.solve import OtherRoot
+from . import budget
 from .activations import Activation
 from .deep_kernel_shaping import local_slope_target
 from .qc_maps import HermiteCMap, _node_values, local_stats
@@ -59,6 +60,7 @@ SCAN_EVAL_BUDGET = 1500
 
 
 def _moments(act: Activation, alpha: float, beta: float) -> tuple[float, ...]:
+    budget.check()  # the scan's repeated step (engine.budget)
     z, w, f, d1, d2 = _node_values(act, alpha, beta)
     return tuple((np.array([f, f * f, d1 * d1, d2 * d2, f * d1 * z, d1 * z]) @ w).tolist())
 

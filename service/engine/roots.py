@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from . import budget
+
 COMPLEX_STEP = 1e-30
 
 
@@ -49,6 +51,7 @@ def newton_bracketed(
     x = min(max(start, lo), hi)
     best, best_abs = x, float("inf")
     for _ in range(max_iter):
+        budget.check()  # each pass is a network-wide evaluation (engine.budget)
         fx, dfx = f(x)
         if abs(fx) < best_abs:
             best, best_abs = x, abs(fx)

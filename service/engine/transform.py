@@ -24,6 +24,7 @@ import numpy as np
 import scipy.optimize as sp_opt
 
 from ..errors import SigpropError
+from . import budget
 from .activations import Activation
 from .qc_maps import raw_mean, shaped_stats
 
@@ -121,6 +122,7 @@ class LastPoint:
     def __call__(self, p: np.ndarray) -> np.ndarray | None:
         key = p.tobytes()
         if key != self.key:
+            budget.check()  # between evaluations: a solve with a budget stops here (engine.budget)
             self.key, self.value = key, _conditions(self.act, self.c_0, self.targets, p)
         return None if self.value is None else self.value.copy()
 
