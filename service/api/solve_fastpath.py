@@ -74,8 +74,10 @@ class SolveFastPath:
         await send({"type": "http.response.body", "body": answer})
         if outcome.store is not None:
             # the cold answer's store write (and its single-flight lock's release) once it is sent,
-            # in the cold threads, not awaited: it never raises (solutions._DeferredStore)
-            asyncio.get_running_loop().run_in_executor(self.state.offload.cold, outcome.store)
+            # in the cold threads, as the route's background task did: the request ends when it is
+            # stored, so a client's next request on this connection finds it. It never raises
+            # (solutions._DeferredStore).
+            await asyncio.get_running_loop().run_in_executor(self.state.offload.cold, outcome.store)
 
 
 async def _read_body(receive):
