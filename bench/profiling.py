@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 # patterns (py-spy raw stacks: "function (file:line)" joined by ";").
 PROFILE_CATEGORIES = [
     (
-        "hit from this process's memory (hothits middleware, storage/hot.py)",
-        ["HotHitMiddleware", "hot_hit", "storage/hot.py"],
+        "hit from this process's memory (solve_fastpath middleware, storage/hot.py)",
+        ["SolveFastPath", "hot_hit", "storage/hot.py"],
     ),
     ("re-validate cached answer (Solution.model_validate_json in _lookup)", ["model_validate_json"]),
     ("personalize_json (relabel #placeholders, cached flag)", ["personalize_json"]),
