@@ -4,7 +4,8 @@
 
 The swap is a monkeypatch of the function the API process sends to its solver processes
 (``sigprop.api.solutions.solve_prepared``), before the command starts. The solver processes
-unpickle it by name from this module: the forkserver has this process's ``sys.path``."""
+unpickle it by name from this module: the forkserver has this process's ``sys.path``. No solve is
+tried in the API process (``SIGPROP_INLINE_SOLVE_COST=0``), so every one takes that function."""
 
 from __future__ import annotations
 
@@ -29,4 +30,5 @@ def slow_solve_prepared(prep):
 
 if __name__ == "__main__":
     solutions.solve_prepared = slow_solve_prepared
+    os.environ["SIGPROP_INLINE_SOLVE_COST"] = "0"  # every cold solve in a solver process, none inline
     sys.exit(cli.main())
