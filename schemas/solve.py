@@ -84,10 +84,25 @@ DEFAULT_FINAL_RHO = 0.8
 DEFAULT_TEMPERATURE = 1.0
 
 
+def _keys_by_shaping(schema: dict) -> None:
+    """JSON Schema of ``AttentionRequest``: which parameters each shaping takes, as ``SHAPING_KEYS``
+    says (one branch per shaping; a parameter the shaping does not take may only be null)."""
+    names = ("final_gamma", "final_rho", "temperature")
+    schema["oneOf"] = [
+        {
+            "properties": {
+                "shaping": {"const": shaping},
+                **{k: {"type": "null"} for k in names if k not in allowed},
+            }
+        }
+        for shaping, allowed in SHAPING_KEYS.items()
+    ]
+
+
 class AttentionRequest(BaseModel):
     """How to shape every ``attention`` node (required iff the graph has one; contract section 2)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_keys_by_shaping)
 
     shaping: Literal["e-spa", "u-spa", "value-skipinit", "shaped"] = Field(
         description="e-spa: exponential target kernels exp(-gamma_l |i-j|) (He et al. section 3); u-spa: uniform "
