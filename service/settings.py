@@ -77,8 +77,9 @@ class Settings(NodeLimit):
     max_token_work: int = Field(
         default=DEFAULT_MAX_TOKEN_WORK,
         ge=1,
-        description="price of a sequence graph's token-kernel propagation: K^3 per attention node and K^2 per other "
-        "node, K = min(tokens, 256) (a 72-block transformer: 1.3e9); over it: 413 graph_too_large",
+        description="price of a sequence graph's token-kernel propagation, about nanoseconds of one core: 393,216 + "
+        "12 K^2 per node and K^3 more per attention node, K = min(tokens, 256) (a 72-block transformer at "
+        "T >= 256: 2.3e9); over it: 413 graph_too_large",
     )
     solve_processes: int = Field(
         default=2,

@@ -475,3 +475,85 @@ def test_a_reused_stream_around_attention_matches_a_width_512_monte_carlo():
     kernels = np.array(kernels)
     se = kernels.std(axis=0, ddof=1) / math.sqrt(len(kernels))
     assert np.all(np.abs(kernels.mean(axis=0) - predicted) <= 3 * se + 0.02)
+
+
+@pytest.mark.parametrize("shortcuts", [True, False])
+def test_private_atoms_merge_exactly_and_keep_a_residual_stream_short(shortcuts, monkeypatch):
+    """A residual stream's private atoms are merged into one (``TokenKernelProgram._merge_private``):
+    the output kernel is the one the unmerged expansion gives (1e-12), and no stream holds more than
+    two terms, where without merging block l's stream holds l atoms (L^2 T^3 work: a 1,257-block
+    transformer took minutes)."""
+    from sigprop.engine.graph import build_graph
+    from sigprop.engine.token_program import TokenKernelProgram, TokenValue
+
+    blocks, tokens = 12, 6
+    t = Template(template="transformer", depth=blocks, seq_len=tokens, width=8, heads=2, shortcuts=shortcuts)
+    graph = build_graph(expand_template(t), "relu")
+    attention = [nd.index for nd in graph.nodes if nd.op == "attention"]
+    mixers = dict(zip(attention, espa_matrices(0.01, blocks, tokens), strict=True))
+    relu = lambda v, _slot: TokenValue(leaky_relu_kernel(v.kernel, 0.0, math.sqrt(2.0)), v.mean)  # noqa: E731
+    longest = [0]
+    real = TokenKernelProgram._merge_private
+
+    def merge(e, atoms, held, name):
+        out = real(e, atoms, held, name)
+        longest[0] = max(longest[0], len(out))
+        return out
+
+    monkeypatch.setattr(TokenKernelProgram, "_merge_private", staticmethod(merge))
+    merged = TokenKernelProgram(graph, mixers).global_map(np.eye(tokens), relu).kernel
+    assert longest[0] <= 2
+    monkeypatch.setattr(TokenKernelProgram, "_merge_private", staticmethod(lambda e, *_: e))
+    unmerged = TokenKernelProgram(graph, mixers).global_map(np.eye(tokens), relu).kernel
+    np.testing.assert_allclose(merged, unmerged, rtol=1e-12, atol=1e-15)
+
+
+def test_the_token_price_counts_every_node_and_attentions_cube():
+    from sigprop.engine.limits import DEFAULT_MAX_TOKEN_WORK, TOKEN_NODE_PRICE, TOKEN_PAIR_PRICE, token_work
+
+    k = MAX_TOKEN_KERNEL
+    assert token_work(10**6, 1, 0) == k**3 + TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * k * k  # tokens past K cost K
+    assert token_work(16, 0, 100) == 100 * (TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * 256)
+    # the issue-28 goal (72 causal blocks at T = 2048) fits the default budget; schemathesis's
+    # 1,257-block transformer at T = 128 (minutes before private atoms were merged) is refused
+    blocks = Template(template="transformer", depth=72, seq_len=2048, width=64, heads=4)
+    assert sigprop.solve(request(ESPA, **blocks.model_dump(exclude={"template"}, exclude_none=True))).token_kernel
+    err = _refused(request(ESPA, depth=1257, seq_len=128, width=64, heads=4))
+    assert err.code == "graph_too_large" and str(DEFAULT_MAX_TOKEN_WORK)[:1] in err.message
+
+
+def _deepest_admitted(seq_len: int, **params) -> int:
+    """The most blocks the default limits admit for a transformer template (priced from its
+    parameters, before it is built)."""
+    from sigprop.preparation import check_template
+    from sigprop.settings import offline_limits
+
+    def admitted(depth: int) -> bool:
+        try:
+            check_template(Template(template="transformer", depth=depth, seq_len=seq_len, **params), offline_limits())
+        except SigpropError:
+            return False
+        return True
+
+    lo, hi = 1, 100_000
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if admitted(mid) else (lo, mid - 1)
+    return lo
+
+
+@pytest.mark.slow  # the deepest transformers the default price admits, timed: about 20 s
+@pytest.mark.parametrize("seq_len", [16, 64, 128, 256])
+def test_the_deepest_admitted_transformer_solves_in_seconds(seq_len):
+    """Every cost is bounded before work starts: the deepest transformer the price admits (a block
+    more is refused) solves in under 10 s (2.5-4.5 s on the 2-core development machine)."""
+    params = {"width": 64, "heads": 4, "shortcuts": True}
+    depth = _deepest_admitted(seq_len, **params)
+    assert _refused(request(ESPA, depth=depth + 1, seq_len=seq_len, **params)).code == "graph_too_large"
+    req = request(ESPA, depth=depth, seq_len=seq_len, **params)
+    req.update(method="tat", activation="softplus", targets={"tau": 0.3})
+    start = time.perf_counter()
+    sigprop.solve(req)
+    took = time.perf_counter() - start
+    print(f"\ntransformer depth {depth} at T = {seq_len}: {took:.2f} s")
+    assert took < 10.0

@@ -17,15 +17,22 @@ DEFAULT_MAX_NODES = 100_000  # SIGPROP_MAX_NODES' default
 # floats in the answer, and the T^3 of each attention step in the solve.
 MAX_TOKEN_KERNEL = 256
 DEFAULT_MAX_SEQ_LEN = 65_536  # SIGPROP_MAX_SEQ_LEN's default: T, which only the generators' length grows with
-# the token-kernel propagation's price: K^3 per attention node and K^2 per other node, K = min(T, MAX_TOKEN_KERNEL);
-# a 72-block T >= 256 transformer costs about 1.3e9, a second's work on one core
-DEFAULT_MAX_TOKEN_WORK = 10_000_000_000
+# The token-kernel propagation's price, in about nanoseconds of one core of the development machine:
+# per node a fixed 393,216 and 12 K^2 (the entrywise maps of activations, dense and sum nodes over the
+# K x K pairs), and K^3 more per attention node (A K A^T), K = min(T, MAX_TOKEN_KERNEL). Fitted on
+# 100-block transformers (TAT and DKS, with and without shortcuts): 1.6, 3.6, 7.4 and 18 ms a block
+# at K = 16, 64, 128 and 256. The deepest transformer template the budget admits (width 64, 4 heads,
+# shortcuts, TAT softplus: 1,260, 1,066, 625 and 174 blocks) solves in 2.2, 3.8, 3.7 and 2.6 s
+# (tests/test_transformer_solve.py, slow); a 72-block transformer at T >= 256 costs 2.3e9.
+TOKEN_NODE_PRICE = 3 << 17
+TOKEN_PAIR_PRICE = 12
+DEFAULT_MAX_TOKEN_WORK = 5_000_000_000
 
 
 def token_work(tokens: int, attention_nodes: int, other_nodes: int) -> int:
     """The price of a sequence graph's token-kernel propagation (see ``DEFAULT_MAX_TOKEN_WORK``)."""
     k = min(tokens, MAX_TOKEN_KERNEL)
-    return attention_nodes * k**3 + other_nodes * k * k
+    return attention_nodes * k**3 + (attention_nodes + other_nodes) * (TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * k * k)
 
 
 @dataclass(frozen=True)

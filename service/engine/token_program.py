@@ -179,7 +179,26 @@ class TokenKernelProgram(NetworkProgram):
                         held[t] -= 1
                         if held[t] == 0:
                             del held[t], atoms[t]
+            if len(e) > 1 and readers[v]:
+                streams[v] = self._merge_private(e, atoms, held, ~v)
         return _value(streams[self.output], atoms)
+
+    @staticmethod
+    def _merge_private(e: Expansion, atoms: dict, held: dict, name: int) -> Expansion:
+        """``e`` with the atoms no other live stream holds merged into one atom ``name``: they are
+        independent of every other live atom and can only ever be read together from now on, so
+        sum_a C_a x_a over them is itself an atom, with kernel sum_a C_a K_a C_a^T. Exact, and it
+        keeps a residual stream at a term or two: without it the stream of block l carries l
+        atoms, each mixed by every later attention node (L^2 T^3 work for L blocks)."""
+        private = [t for t in e if held[t] == 1]
+        if len(private) < 2:
+            return e
+        merged = _value({t: e[t] for t in private}, atoms)
+        out = {t: c for t, c in e.items() if held[t] != 1}
+        for t in private:
+            del held[t], atoms[t]
+        atoms[name], held[name], out[name] = merged, 1, 1.0
+        return out
 
     def global_map(self, x, r: TokenMap, repeat: Repeat | None = None) -> TokenValue:
         """The output's token value for the input kernel ``x`` (or ``TokenValue``)."""
