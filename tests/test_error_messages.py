@@ -311,7 +311,44 @@ def test_a_batchnorm_refusal_names_normalization_free():
         graph_from_module(model, torch.randn(2, 3, 8, 8))
     err = info.value
     assert err.code == "unsupported_op" and "BatchNorm2d is a normalization layer" in err.message
-    assert "normalization_free(model, preactivation=True)" in err.hint
+    assert "for a torchvision-style ResNet, sigprop.client.torch.normalization_free(model, preactivation=True)" in (
+        err.hint
+    )
+    # the hint's call for any other model works on this one (preactivation=True refuses non-ResNets)
+    assert "for any other model, normalization_free(model) drops them" in err.hint
+    from sigprop.client.torch import normalization_free
+
+    with pytest.raises(ValueError, match="torchvision-style ResNets"):
+        normalization_free(model, preactivation=True)
+    graph = graph_from_module(normalization_free(model).model, torch.randn(2, 3, 8, 8))
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "conv", "identity", "activation", "output"]
+
+
+def test_a_post_activation_residual_block_is_refused_with_the_preactivation_fix():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    nn = torch.nn
+
+    class PostActivation(nn.Module):  # torchvision's BasicBlock layout, BatchNorm already removed
+        def __init__(self):
+            super().__init__()
+            self.stem, self.c1, self.c2 = (nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1) for i in range(3))
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = torch.relu(x + self.c2(torch.relu(self.c1(x))))
+            return self.fc(x.mean((2, 3)))
+
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(PostActivation(), torch.randn(2, 3, 8, 8))
+    err = info.value
+    assert err.code == "unsupported_structure" and "activation 'relu_2' reads sum 'add'" in err.message, err
+    assert "a post-activation residual block" in err.message
+    assert "pre-activation layout" in err.hint and "for a torchvision-style PyTorch ResNet, " in err.hint
+    assert "normalization_free(model, preactivation=True) rewrites it so" in err.hint
+    assert '"assumptions": "warn"' in err.hint
 
 
 # -- 9. sequence models: what a sequence graph cannot hold is refused plainly, naming it ---------

@@ -81,11 +81,12 @@ _UNSUPPORTED_HINT = (
     "allow_unsupported=True to treat it as the identity (the answer then ignores what it does)"
 )
 _NORM_HINT = (
-    "TAT and DKS networks are normalization-free: remove it with "
-    "sigprop.client.torch.normalization_free(model, preactivation=True) (it drops the normalization "
-    "layers and rewrites a post-activation ResNet into the covered pre-activation layout; the answer's "
-    "initialization and transformed activations do their job), or pass allow_unsupported=True to treat "
-    "it as the identity (the answer then ignores what it does)"
+    "TAT and DKS networks are normalization-free (the answer's initialization and transformed activations "
+    "do the normalization's job): for a torchvision-style ResNet, "
+    "sigprop.client.torch.normalization_free(model, preactivation=True) drops the normalization layers and "
+    "rewrites its post-activation blocks into the covered pre-activation layout; for any other model, "
+    "normalization_free(model) drops them (nn.Identity). Or pass allow_unsupported=True to treat it as "
+    "the identity (the answer then ignores what it does)"
 )
 _NORM_MODULES = (
     nn.modules.batchnorm._BatchNorm,
