@@ -243,7 +243,8 @@ def test_every_catalogue_activation_op_and_the_flatten_op(op_type, attrs, fn):
     inits = [_init("w", np.ones((4, 3, 3, 3))), _init("wg", np.ones((5, 64)))]
     graph, params = graph_from_onnx(_model(nodes, inits, [2, 3, 4, 4], [2, 5], opset=20), keep_fn=True)
     assert [(nd["id"], nd["op"]) for nd in graph["nodes"]] == [
-        ("x", "input"), ("conv", "conv"), ("act", "activation"), ("flat", "flatten"), ("head", "dense"), ("output", "output")
+        ("x", "input"), ("conv", "conv"), ("act", "activation"), ("flat", "flatten"), ("head", "dense"),
+        ("output", "output"),
     ]  # fmt: skip
     assert graph["nodes"][2]["fn"] == fn and fn in CATALOGUE
     assert params == {"conv": {"weight": "w", "bias": None}, "head": {"weight": "wg", "bias": None}}
