@@ -354,43 +354,6 @@ def test_a_post_activation_residual_block_is_refused_with_the_preactivation_fix(
 # -- 9. sequence models: what a sequence graph cannot hold is refused plainly, naming it ---------
 
 
-def _sequence_models():
-    torch = pytest.importorskip("torch")
-    nn, F = torch.nn, torch.nn.functional
-
-    class Attention(nn.Module):  # attention, then its tokens flattened: no sequence graph holds that
-        def __init__(self):
-            super().__init__()
-            self.att, self.head = nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(128, 4)
-
-        def forward(self, x):
-            return self.head(self.att(x, x, x)[0].flatten(1))
-
-    class Sdpa(nn.Module):  # q, k, v are the input itself, not dense layers
-        def __init__(self):
-            super().__init__()
-            self.head = nn.Linear(128, 4)
-
-        def forward(self, x):
-            return self.head(F.scaled_dot_product_attention(x, x, x).flatten(1))
-
-    class TokenNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.head = nn.LayerNorm(16), nn.Linear(128, 4)
-
-        def forward(self, x):
-            return self.head(self.norm(x).flatten(1))
-
-    encoder = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
-    return {
-        "attention": (Attention(), "node 'flatten' (Tensor.flatten() call 'flatten')", "a flatten in a sequence model"),
-        "sdpa": (Sdpa(), "node 'scaled_dot_product_attention'", "its query is computed by placeholder 'x', not by an"),
-        "layernorm": (TokenNorm(), "node 'flatten'", "a flatten in a sequence model"),
-        "encoder": (encoder, "module 'TransformerEncoderLayer' (TransformerEncoderLayer: attention)", "yet"),
-    }
-
-
 @pytest.mark.parametrize("case", ["attention", "sdpa", "layernorm", "encoder"])
 @pytest.mark.parametrize("allow", [False, True])
 def test_sequence_constructs_outside_the_sequence_graph_are_refused(case, allow):
@@ -400,7 +363,9 @@ def test_sequence_constructs_outside_the_sequence_graph_are_refused(case, allow)
     torch = pytest.importorskip("torch")
     from sigprop.client.torch import graph_from_module
 
-    model, names, says = _sequence_models()[case]
+    from .sequence_standins import sequence_models
+
+    model, names, says = sequence_models()[case]
     with pytest.raises(SigpropError) as info:
         graph_from_module(model, torch.randn(2, 8, 16), allow_unsupported=allow, assumptions="warn")
     err = info.value
@@ -439,37 +404,6 @@ def test_huggingface_models_are_refused_by_their_attention_module():
         graph_from_module(model, torch.zeros(2, 8, dtype=torch.long))
 
 
-def _hand_written_attention_block():
-    """Attention as GPT-2's and nanoGPT's eager code write it: Linear q, k, v split into heads by
-    view/transpose, softmax(q @ k^T / sqrt(d)) @ v. fx traces it; the graph cannot hold it."""
-    torch = pytest.importorskip("torch")
-    nn = torch.nn
-
-    class CausalSelfAttention(nn.Module):
-        def __init__(self, d: int = 16, h: int = 2):
-            super().__init__()
-            self.h, self.qkv, self.proj = h, nn.Linear(d, 3 * d), nn.Linear(d, d)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(x).split(d, dim=2)
-            q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
-            w = torch.softmax((q @ k.transpose(-2, -1)) / (d // self.h) ** 0.5, dim=-1)
-            return self.proj((w @ v).transpose(1, 2).reshape(b, t, d))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.mixer = CausalSelfAttention()  # not named *Attention*: found by what it computes
-            self.mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
-
-        def forward(self, x):
-            x = x + self.mixer(x)
-            return x + self.mlp(x)
-
-    return Block()
-
-
 @pytest.mark.parametrize("allow", [False, True])
 def test_attention_written_out_by_hand_is_refused_by_its_module(allow):
     """Before: 'view ... only flattening all but the batch dimension is covered' (wrong advice), and
@@ -477,8 +411,10 @@ def test_attention_written_out_by_hand_is_refused_by_its_module(allow):
     torch = pytest.importorskip("torch")
     from sigprop.client.torch import graph_from_module
 
+    from .sequence_standins import HandWrittenBlock
+
     with pytest.raises(SigpropError) as info:
-        graph_from_module(_hand_written_attention_block(), torch.randn(2, 8, 16), allow_unsupported=allow)
+        graph_from_module(HandWrittenBlock(), torch.randn(2, 8, 16), allow_unsupported=allow)
     err = info.value
     assert err.code == "unsupported_op", err
     assert err.message.startswith("node 'matmul' (matmul() call 'matmul') in module 'mixer' (CausalSelfAttention)")
@@ -487,10 +423,12 @@ def test_attention_written_out_by_hand_is_refused_by_its_module(allow):
     assert "flatten" not in err.message and "self-attention" in err.hint, err
 
 
-def test_a_bilinear_product_of_one_tensor_with_a_weight_is_not_attention():
+def test_a_product_with_a_weight_is_not_attention():
     torch = pytest.importorskip("torch")
     from sigprop.client.torch.extraction import _trace
     from sigprop.client.torch.ops import hand_written_attention
+
+    from .sequence_standins import HandWrittenBlock
 
     class Proj(torch.nn.Module):
         def __init__(self):
@@ -498,70 +436,29 @@ def test_a_bilinear_product_of_one_tensor_with_a_weight_is_not_attention():
             self.w = torch.nn.Parameter(torch.randn(16, 16))
 
         def forward(self, x):
-            return x @ self.w  # a product with a parameter: one factor from the input
+            return x @ self.w  # one factor from the input, the other a parameter
 
     assert hand_written_attention(_trace(Proj())) is None
-    assert "'mixer' (CausalSelfAttention)" in hand_written_attention(_trace(_hand_written_attention_block()))
+    assert "'mixer' (CausalSelfAttention)" in hand_written_attention(_trace(HandWrittenBlock()))
 
 
-def test_a_gpt2_shaped_model_is_refused_by_its_attention_module_without_transformers():
-    """The nearest case to HuggingFace's GPT-2 without the transformers package: GPT2Model's layout
-    (token and position embeddings, Conv1D = addmm layers, a causal-mask buffer sliced by sizes,
-    optional past/mask/cache arguments, tuple outputs). It gave "'NoneType' object has no attribute
-    'get'"; now the attention module is named, with fx's own error after it."""
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_gpt2_shaped_model_is_refused_by_its_attention_module_without_transformers(allow):
+    """The nearest case to HuggingFace's GPT-2 without the transformers package (tests/sequence_standins:
+    GPT2Model's embeddings, Conv1D = addmm layers, a causal-mask buffer sliced by sizes, optional
+    arguments, tuple outputs). It gave "'NoneType' object has no attribute 'get'"; now the attention
+    module is named, with fx's own error after it."""
     torch = pytest.importorskip("torch")
     from sigprop.client.torch import graph_from_module
 
-    nn = torch.nn
+    from .sequence_standins import GPT2Model
 
-    class Conv1D(nn.Module):
-        def __init__(self, nf: int, nx: int):
-            super().__init__()
-            self.nf, self.weight, self.bias = (
-                nf,
-                nn.Parameter(torch.randn(nx, nf) * 0.02),
-                nn.Parameter(torch.zeros(nf)),
-            )
-
-        def forward(self, x):
-            return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(x.size()[:-1] + (self.nf,))
-
-    class GPT2Attention(nn.Module):
-        def __init__(self, d: int = 16, h: int = 2, n_pos: int = 32):
-            super().__init__()
-            self.d, self.h, self.c_attn, self.c_proj = d, h, Conv1D(3 * d, d), Conv1D(d, d)
-            self.register_buffer("bias", torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool))[None, None])
-
-        def forward(self, x, layer_past=None, attention_mask=None, use_cache=False):
-            q, k, v = (z.view(z.size()[:-1] + (self.h, -1)).transpose(1, 2) for z in self.c_attn(x).split(self.d, 2))
-            if layer_past is not None:
-                k = torch.cat((layer_past[0], k), dim=-2)
-            w = q @ k.transpose(-1, -2) / (v.size(-1) ** 0.5)
-            ql, kl = q.size(-2), k.size(-2)
-            w = torch.where(self.bias[:, :, kl - ql : kl, :kl], w, torch.finfo(w.dtype).min)
-            a = (torch.softmax(w, -1) @ v).transpose(1, 2).reshape(x.shape)
-            return self.c_proj(a), ((k, v) if use_cache else None)
-
-    class GPT2Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(50, 16), nn.Embedding(32, 16)
-            self.ln, self.attn = nn.LayerNorm(16), GPT2Attention()
-
-        def forward(self, input_ids=None, attention_mask=None, position_ids=None, return_dict=None):
-            if position_ids is None:
-                position_ids = torch.arange(input_ids.size(-1)).unsqueeze(0)
-            h = self.wte(input_ids) + self.wpe(position_ids)
-            h = h + self.attn(self.ln(h), attention_mask=attention_mask)[0]
-            return {"last_hidden_state": h} if return_dict else (h,)
-
-    for allow in (False, True):
-        with pytest.raises(SigpropError) as info:
-            graph_from_module(GPT2Model(), torch.zeros(2, 8, dtype=torch.long), allow_unsupported=allow)
-        msg = info.value.message
-        assert msg.startswith("module 'attn' (GPT2Attention: attention) is not supported yet"), msg
-        assert "torch.fx could not trace the model" in msg and "NoneType" not in msg, msg
-        assert "self-attention" in info.value.hint
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(GPT2Model(), torch.zeros(2, 8, dtype=torch.long), allow_unsupported=allow)
+    msg = info.value.message
+    assert msg.startswith("module 'attn' (GPT2Attention: attention) is not supported yet"), msg
+    assert "torch.fx could not trace the model: TypeError" in msg and "NoneType" not in msg, msg
+    assert "self-attention" in info.value.hint
 
 
 # -- 10. diagnose and the Flax adapter say what is wrong ------------------------------------------
