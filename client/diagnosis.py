@@ -434,7 +434,8 @@ def judge(diag: Diagnosis, graph: dict, *, suspects: dict[str, str] | None = Non
         if "norm" in what.lower():
             text += (
                 "; a normalization layer left in: TAT and DKS networks are normalization-free, remove it "
-                "(torch: normalization_free(model, preactivation=True)) and solve and apply again"
+                "(torch: normalization_free(model, preactivation=True) for a torchvision-style ResNet, "
+                "normalization_free(model) otherwise) and solve and apply again"
             )
         diag.warnings.append(text)
 

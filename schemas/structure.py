@@ -171,7 +171,7 @@ def _names(ids: Sequence[str], indices) -> str:
 
 _PREACT_FIX = (
     "use the pre-activation layout (each residual branch starts with its activation and the sum adds "
-    "affine outputs, as in the resnet template's version 2; for a PyTorch model, "
+    "affine outputs, as in the resnet template's version 2; for a torchvision-style PyTorch ResNet, "
     "sigprop.client.torch.normalization_free(model, preactivation=True) rewrites it so), or put a projection "
     "(1x1 conv or dense) on the shortcut"
 )

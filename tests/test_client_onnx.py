@@ -211,6 +211,46 @@ def test_helper_built_cnn_covers_every_listed_op():
     assert _key(graph)  # a valid request
 
 
+@pytest.mark.parametrize(
+    "op_type, attrs, fn",
+    [
+        ("Relu", {}, "relu"),
+        ("LeakyRelu", {"alpha": 0.2}, "leaky_relu"),
+        ("Tanh", {}, "tanh"),
+        ("Sigmoid", {}, "sigmoid"),
+        ("Softplus", {}, "softplus"),
+        ("Softsign", {}, "softsign"),
+        ("Elu", {}, "elu"),
+        ("Selu", {}, "selu"),
+        ("Gelu", {}, "gelu"),
+        ("Gelu", {"approximate": "tanh"}, "gelu_tanh"),
+        ("Erf", {}, "erf"),
+        ("Atan", {}, "atan"),
+        ("Asinh", {}, "asinh"),
+    ],
+)
+def test_every_catalogue_activation_op_and_the_flatten_op(op_type, attrs, fn):
+    """Conv -> activation -> Flatten -> Gemm for each activation op the importer maps (the catalogue
+    names it gives are the engine's), with an ONNX Flatten (not a Reshape) before the dense layer."""
+    from sigprop.schemas.activations import CATALOGUE
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node(op_type, ["c"], ["a"], name="act", **attrs),
+        helper.make_node("Flatten", ["a"], ["f"], name="flat", axis=1),
+        helper.make_node("Gemm", ["f", "wg"], ["y"], name="head", transB=1),
+    ]
+    inits = [_init("w", np.ones((4, 3, 3, 3))), _init("wg", np.ones((5, 64)))]
+    graph, params = graph_from_onnx(_model(nodes, inits, [2, 3, 4, 4], [2, 5], opset=20), keep_fn=True)
+    assert [(nd["id"], nd["op"]) for nd in graph["nodes"]] == [
+        ("x", "input"), ("conv", "conv"), ("act", "activation"), ("flat", "flatten"), ("head", "dense"),
+        ("output", "output"),
+    ]  # fmt: skip
+    assert graph["nodes"][2]["fn"] == fn and fn in CATALOGUE
+    assert params == {"conv": {"weight": "w", "bias": None}, "head": {"weight": "wg", "bias": None}}
+    assert _key(graph)
+
+
 def _mlp_with(node, extra_inits=()) -> onnx.ModelProto:
     nodes = [helper.make_node("Gemm", ["x", "w"], ["h"], name="fc1", transB=1), node]
     out = node.output[0]

@@ -311,47 +311,47 @@ def test_a_batchnorm_refusal_names_normalization_free():
         graph_from_module(model, torch.randn(2, 3, 8, 8))
     err = info.value
     assert err.code == "unsupported_op" and "BatchNorm2d is a normalization layer" in err.message
-    assert "normalization_free(model, preactivation=True)" in err.hint
+    assert "for a torchvision-style ResNet, sigprop.client.torch.normalization_free(model, preactivation=True)" in (
+        err.hint
+    )
+    # the hint's call for any other model works on this one (preactivation=True refuses non-ResNets)
+    assert "for any other model, normalization_free(model) drops them" in err.hint
+    from sigprop.client.torch import normalization_free
+
+    with pytest.raises(ValueError, match="torchvision-style ResNets"):
+        normalization_free(model, preactivation=True)
+    graph = graph_from_module(normalization_free(model).model, torch.randn(2, 3, 8, 8))
+    assert [nd["op"] for nd in graph["nodes"]] == ["input", "conv", "identity", "activation", "output"]
+
+
+def test_a_post_activation_residual_block_is_refused_with_the_preactivation_fix():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    nn = torch.nn
+
+    class PostActivation(nn.Module):  # torchvision's BasicBlock layout, BatchNorm already removed
+        def __init__(self):
+            super().__init__()
+            self.stem, self.c1, self.c2 = (nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1) for i in range(3))
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            x = torch.relu(x + self.c2(torch.relu(self.c1(x))))
+            return self.fc(x.mean((2, 3)))
+
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(PostActivation(), torch.randn(2, 3, 8, 8))
+    err = info.value
+    assert err.code == "unsupported_structure" and "activation 'relu_2' reads sum 'add'" in err.message, err
+    assert "a post-activation residual block" in err.message
+    assert "pre-activation layout" in err.hint and "for a torchvision-style PyTorch ResNet, " in err.hint
+    assert "normalization_free(model, preactivation=True) rewrites it so" in err.hint
+    assert '"assumptions": "warn"' in err.hint
 
 
 # -- 9. sequence models: what a sequence graph cannot hold is refused plainly, naming it ---------
-
-
-def _sequence_models():
-    torch = pytest.importorskip("torch")
-    nn, F = torch.nn, torch.nn.functional
-
-    class Attention(nn.Module):  # attention, then its tokens flattened: no sequence graph holds that
-        def __init__(self):
-            super().__init__()
-            self.att, self.head = nn.MultiheadAttention(16, 2, batch_first=True), nn.Linear(128, 4)
-
-        def forward(self, x):
-            return self.head(self.att(x, x, x)[0].flatten(1))
-
-    class Sdpa(nn.Module):  # q, k, v are the input itself, not dense layers
-        def __init__(self):
-            super().__init__()
-            self.head = nn.Linear(128, 4)
-
-        def forward(self, x):
-            return self.head(F.scaled_dot_product_attention(x, x, x).flatten(1))
-
-    class TokenNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.head = nn.LayerNorm(16), nn.Linear(128, 4)
-
-        def forward(self, x):
-            return self.head(self.norm(x).flatten(1))
-
-    encoder = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
-    return {
-        "attention": (Attention(), "node 'flatten' (Tensor.flatten() call 'flatten')", "a flatten in a sequence model"),
-        "sdpa": (Sdpa(), "node 'scaled_dot_product_attention'", "its query is computed by placeholder 'x', not by an"),
-        "layernorm": (TokenNorm(), "node 'flatten'", "a flatten in a sequence model"),
-        "encoder": (encoder, "module 'TransformerEncoderLayer' (TransformerEncoderLayer: attention)", "yet"),
-    }
 
 
 @pytest.mark.parametrize("case", ["attention", "sdpa", "layernorm", "encoder"])
@@ -363,7 +363,9 @@ def test_sequence_constructs_outside_the_sequence_graph_are_refused(case, allow)
     torch = pytest.importorskip("torch")
     from sigprop.client.torch import graph_from_module
 
-    model, names, says = _sequence_models()[case]
+    from .sequence_standins import sequence_models
+
+    model, names, says = sequence_models()[case]
     with pytest.raises(SigpropError) as info:
         graph_from_module(model, torch.randn(2, 8, 16), allow_unsupported=allow, assumptions="warn")
     err = info.value
@@ -400,6 +402,63 @@ def test_huggingface_models_are_refused_by_their_attention_module():
     model = GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2))
     with pytest.raises(SigpropError, match="GPT2Attention: attention\\) is not supported yet"):
         graph_from_module(model, torch.zeros(2, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_attention_written_out_by_hand_is_refused_by_its_module(allow):
+    """Before: 'view ... only flattening all but the batch dimension is covered' (wrong advice), and
+    under allow_unsupported the products were the identity of one factor: a graph of another network."""
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    from .sequence_standins import HandWrittenBlock
+
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(HandWrittenBlock(), torch.randn(2, 8, 16), allow_unsupported=allow)
+    err = info.value
+    assert err.code == "unsupported_op", err
+    assert err.message.startswith("node 'matmul' (matmul() call 'matmul') in module 'mixer' (CausalSelfAttention)")
+    assert "attention written out by hand" in err.message and "not supported yet" in err.message, err.message
+    assert "F.scaled_dot_product_attention(q, k, v, is_causal=...)" in err.message
+    assert "flatten" not in err.message and "self-attention" in err.hint, err
+
+
+def test_a_product_with_a_weight_is_not_attention():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch.extraction import _trace
+    from sigprop.client.torch.ops import hand_written_attention
+
+    from .sequence_standins import HandWrittenBlock
+
+    class Proj(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x):
+            return x @ self.w  # one factor from the input, the other a parameter
+
+    assert hand_written_attention(_trace(Proj())) is None
+    assert "'mixer' (CausalSelfAttention)" in hand_written_attention(_trace(HandWrittenBlock()))
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_gpt2_shaped_model_is_refused_by_its_attention_module_without_transformers(allow):
+    """The nearest case to HuggingFace's GPT-2 without the transformers package (tests/sequence_standins:
+    GPT2Model's embeddings, Conv1D = addmm layers, a causal-mask buffer sliced by sizes, optional
+    arguments, tuple outputs). It gave "'NoneType' object has no attribute 'get'"; now the attention
+    module is named, with fx's own error after it."""
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    from .sequence_standins import GPT2Model
+
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(GPT2Model(), torch.zeros(2, 8, dtype=torch.long), allow_unsupported=allow)
+    msg = info.value.message
+    assert msg.startswith("module 'attn' (GPT2Attention: attention) is not supported yet"), msg
+    assert "torch.fx could not trace the model: TypeError" in msg and "NoneType" not in msg, msg
+    assert "self-attention" in info.value.hint
 
 
 # -- 10. diagnose and the Flax adapter say what is wrong ------------------------------------------

@@ -22,7 +22,7 @@ from ...schemas.shapes import infer_shapes
 from ...schemas.structure import check_structure, wire_structure
 from .attention import ShapedAttention
 from .modules import NormalizedSum, TransformedActivation
-from .ops import NotYet, sequence_module
+from .ops import NotYet, hand_written_attention, sequence_module
 from .sequence import extract_sequence, is_sequence_trace
 from .traced import Entry, Extraction, Trace, TracedGraph
 from .walk import Walker
@@ -91,8 +91,8 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
     _refuse_sequence_modules(model)
     try:
         gm = _trace(model)
-    except SigpropError:
-        _refuse_attention_by_name(model)  # a trace error inside HuggingFace code would not say what is wrong
+    except SigpropError as exc:
+        _refuse_attention_by_name(model, exc.__cause__)  # a trace error inside HuggingFace code says little
         raise
     # forward's first argument is the network input; further arguments must have defaults
     # (e.g. mask=None) and are left at them
@@ -105,6 +105,10 @@ def extract(model: nn.Module, example_input, allow_unsupported: bool, keep_fn: b
             "the graph has one input: wrap the model so forward takes one tensor",
         )
     _run_shape_prop(gm, example_input)
+    if example_input.dim() == 3:  # before the walk, which would stop at the head plumbing or, allowed, drop it
+        why = hand_written_attention(gm)
+        if why is not None:
+            raise SigpropError("unsupported_op", why, NotYet("").hint)
     if is_sequence_trace(gm, example_input):
         ext = extract_sequence(gm, example_input, allow_unsupported, keep_fn, warn)
         _check_graph(ext.graph, {})
@@ -130,15 +134,20 @@ def _refuse_sequence_modules(model: nn.Module) -> None:
             )
 
 
-def _refuse_attention_by_name(model: nn.Module) -> None:
+def _refuse_attention_by_name(model: nn.Module, trace_error: BaseException | None) -> None:
     """After a failed trace: a module class named ``*Attention*`` (HuggingFace's GPT2Attention,
-    BertSelfAttention) is what fx could not trace, refused by name."""
+    BertSelfAttention) is refused by name, with fx's own error after it."""
     for name, m in model.named_modules():
         what = sequence_module(m, by_name=bool(name))  # the model's own class name is the user's choice
         if what is not None:
             raise SigpropError(
                 "unsupported_op",
-                f"module '{name or type(model).__name__}' ({what}) is not supported yet: torch.fx cannot trace it",
+                f"module '{name or type(model).__name__}' ({what}) is not supported yet"
+                + (
+                    f" (and torch.fx could not trace the model: {type(trace_error).__name__}: {trace_error})"
+                    if trace_error is not None
+                    else ""
+                ),
                 NotYet("").hint,
             )
 

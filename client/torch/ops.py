@@ -18,7 +18,7 @@ from torch import nn
 
 from .modules import ACT_MODULES, NormalizedSum, TransformedActivation
 
-__all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module"]
+__all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module", "hand_written_attention"]
 
 _ACT_FUNCTIONS: dict[Any, str] = {
     F.relu: "relu",
@@ -81,11 +81,12 @@ _UNSUPPORTED_HINT = (
     "allow_unsupported=True to treat it as the identity (the answer then ignores what it does)"
 )
 _NORM_HINT = (
-    "TAT and DKS networks are normalization-free: remove it with "
-    "sigprop.client.torch.normalization_free(model, preactivation=True) (it drops the normalization "
-    "layers and rewrites a post-activation ResNet into the covered pre-activation layout; the answer's "
-    "initialization and transformed activations do their job), or pass allow_unsupported=True to treat "
-    "it as the identity (the answer then ignores what it does)"
+    "TAT and DKS networks are normalization-free (the answer's initialization and transformed activations "
+    "do the normalization's job): for a torchvision-style ResNet, "
+    "sigprop.client.torch.normalization_free(model, preactivation=True) drops the normalization layers and "
+    "rewrites its post-activation blocks into the covered pre-activation layout; for any other model, "
+    "normalization_free(model) drops them (nn.Identity). Or pass allow_unsupported=True to treat it as "
+    "the identity (the answer then ignores what it does)"
 )
 _NORM_MODULES = (
     nn.modules.batchnorm._BatchNorm,
@@ -149,6 +150,42 @@ def sequence_module(m: nn.Module, by_name: bool = True) -> str | None:
              nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)  # fmt: skip
     if isinstance(m, kinds) or (by_name and "Attention" in type(m).__name__):
         return f"{type(m).__name__}: attention"
+    return None
+
+
+_PRODUCT_FUNCTIONS = {operator.matmul, torch.matmul, torch.bmm, torch.baddbmm, torch.einsum}
+_PRODUCT_METHODS = {"matmul", "bmm", "baddbmm", "__matmul__"}
+
+
+def hand_written_attention(gm: torch.fx.GraphModule) -> str | None:
+    """Why a traced model on ``[batch, tokens, features]`` holds attention written out by hand
+    (``q @ k.transpose(-1, -2)``, ``torch.bmm``, ``torch.einsum`` of two tensors both computed from
+    the input, as GPT-2's and nanoGPT's eager attention are), else None. The sequence graph reads
+    attention only as ``F.scaled_dot_product_attention`` or ``nn.MultiheadAttention``; the walker
+    would otherwise stop at the head plumbing (``view`` to ``[B, T, H, d]``) with a flatten hint, or,
+    under ``allow_unsupported``, treat the product as the identity of one factor and solve another
+    network."""
+    data: set = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if not data:
+                data.add(node)
+            continue
+        ins = [a for a in node.all_input_nodes if a in data]
+        if not ins:
+            continue
+        data.add(node)
+        product = (node.op == "call_function" and node.target in _PRODUCT_FUNCTIONS) or (
+            node.op == "call_method" and node.target in _PRODUCT_METHODS
+        )
+        if product and len(set(ins)) >= 2:
+            stack = list((node.meta.get("nn_module_stack") or {}).values())
+            where = f" in module '{stack[-1][0]}' ({stack[-1][1].__name__})" if stack else ""
+            return (
+                f"node '{node.name}' ({describe(node, gm)}){where} multiplies two tensors computed from the input "
+                "(attention written out by hand: q @ k^T, then the weights @ v), which is not supported yet; "
+                "write it as F.scaled_dot_product_attention(q, k, v, is_causal=...) on Linear q, k and v"
+            )
     return None
 
 
