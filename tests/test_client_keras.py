@@ -382,4 +382,4 @@ def test_plain_add_of_a_stream_and_its_dropout_copy_takes_the_answers_sum_scales
     assert "graph x sum_scales" in change and report.model.get_layer("add").coefficients == pytest.approx([0.5, 0.5])
     x = np.random.default_rng(99).standard_normal((64, 64)).astype("float32")  # not apply's stream (seed 0)
     at_add = keras.Model(report.model.inputs, report.model.get_layer("add").output)
-    assert float(np.mean(np.asarray(at_add(x)) ** 2)) == pytest.approx(1.0, abs=0.1)
+    assert float(np.mean(np.asarray(at_add([x])) ** 2)) == pytest.approx(1.0, abs=0.1)
