@@ -267,8 +267,9 @@ def sum_scale_notes(ids: Sequence[str], report: StructureReport) -> list[str]:
         f"{len(report.sum_scales)} sum(s) ({shown}) add the same atom through several paths (a copy through "
         "identity, dropout or flatten, a nested sum, a stream added into two sums): its coefficients add before "
         "squaring, so with the graph's weights q is not 1 there. The answer's sum_scales multiply those sums' "
-        "weights to restore the normalized sum the method assumes (both adapters apply them); the C map, q and "
-        "the solve hold for the rescaled network"
+        "weights to restore the normalized sum the method assumes (the PyTorch and Keras adapters' apply does; a "
+        "JAX model takes them from sum_weights(solution, graph)); the C map, q and the solve hold for the rescaled "
+        "network"
     ]
 
 

@@ -61,9 +61,12 @@ class Probe:
     values: dict
 
 
-def forward(graph, ans, x: np.ndarray, rng: np.random.Generator, record=()) -> tuple[np.ndarray, Probe]:
+def forward(
+    graph, ans, x: np.ndarray, rng: np.random.Generator, record=(), dropout_training: bool = False
+) -> tuple[np.ndarray, Probe]:
     """Propagate a batch ``x`` through one random draw of the network; returns the output and the
-    features of the nodes named in ``record``."""
+    features of the nodes named in ``record``. Dropout is the identity (evaluation mode) unless
+    ``dropout_training``: then every input draws its own mask and the kept values are divided by 1 - p."""
     layers = {lay.id: lay for lay in ans.layers}
     act = phi_hat(ans)
     vals: list[np.ndarray] = [None] * graph.n  # type: ignore[list-item]
@@ -106,6 +109,9 @@ def forward(graph, ans, x: np.ndarray, rng: np.random.Generator, record=()) -> t
             h /= kh * kw
         elif nd.op == "flatten":
             h = ins[0].reshape(len(ins[0]), -1)
+        elif nd.op == "dropout" and dropout_training and nd.attrs.get("rate", 0.0) > 0:
+            p = nd.attrs["rate"]
+            h = ins[0] * (rng.random(ins[0].shape) >= p) / (1.0 - p)
         elif nd.op in ("identity", "dropout", "output"):
             h = ins[0]
         else:
@@ -167,7 +173,15 @@ def solve_request(body: dict):
 
 
 def output_statistics(
-    graph, ans, c0s, nets: int, pairs: int, seed: int, same_locations: bool = True, at: str | None = None
+    graph,
+    ans,
+    c0s,
+    nets: int,
+    pairs: int,
+    seed: int,
+    same_locations: bool = True,
+    at: str | None = None,
+    dropout_training: bool = False,
 ) -> dict:
     """Empirical c (per c0) and q at the output, or at node ``at``, over ``nets`` random networks."""
     rng = np.random.default_rng(seed)
@@ -177,7 +191,8 @@ def output_statistics(
     for _ in range(nets):
         xs = np.concatenate([correlated_pairs(pairs, c0, shape, rng, same_locations) for c0 in c0s])
         net_seed = int(rng.integers(2**63))
-        out, probe = forward(graph, ans, xs, np.random.default_rng(net_seed), record=(at,) if at else ())
+        net_rng = np.random.default_rng(net_seed)
+        out, probe = forward(graph, ans, xs, net_rng, record=(at,) if at else (), dropout_training=dropout_training)
         h = probe.values[at] if at else out
         for j, c0 in enumerate(c0s):
             cs[c0].append(float(pair_cosines(h[2 * pairs * j : 2 * pairs * (j + 1)]).mean()))

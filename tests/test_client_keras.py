@@ -365,3 +365,21 @@ def test_one_channel_inputs_diagnose_within_the_stated_noise_and_a_skipped_apply
     unapplied = diagnose(model, sol, x, input_c=0.5)  # Keras's own initialization and plain ReLUs
     assert not unapplied.ok and "node 'c1' (conv)" in unapplied.warnings[0], str(unapplied)
     assert "does not have the answer's initialization" in unapplied.warnings[0]
+
+
+def test_plain_add_of_a_stream_and_its_dropout_copy_takes_the_answers_sum_scales():
+    """``Add()([z, Dropout(z)])`` adds one atom through two paths: the answer's ``sum_scales`` (1/sqrt 2)
+    multiply the normalized weights, so the clone's add has q = 1 where the graph's weights give 2."""
+    inp = keras.Input((64,))
+    z = layers.Dense(256, name="lin")(layers.Activation("softplus", name="a0")(layers.Dense(256, name="stem")(inp)))
+    s = layers.Add(name="add")([z, layers.Dropout(0.1, name="drop")(z)])
+    model = keras.Model(inp, layers.Dense(10, name="head")(layers.Activation("softplus", name="a1")(s)))
+    graph = graph_from_keras(model)
+    sol = solve(SolveRequest(graph=graph, method="tat", activation="softplus", targets={"tau": 0.5}))
+    assert sol.sum_scales == {"add": pytest.approx(2**-0.5)}
+    report = apply(model, sol, seed=0)
+    (change,) = report.sums
+    assert "graph x sum_scales" in change and report.model.get_layer("add").coefficients == pytest.approx([0.5, 0.5])
+    x = np.random.default_rng(99).standard_normal((64, 64)).astype("float32")  # not apply's stream (seed 0)
+    at_add = keras.Model(report.model.inputs, report.model.get_layer("add").output)
+    assert float(np.mean(np.asarray(at_add([x])) ** 2)) == pytest.approx(1.0, abs=0.1)

@@ -44,8 +44,9 @@ def body(fn: str, graph: dict, q_star: float = 1.0) -> dict:
     return {"graph": graph, "method": "eoc", "activation": fn, "targets": {"q_star": q_star}, "c_map_points": 5}
 
 
-def recursion(fn: str, sw2: float, sb2: float, c0: float, layers: int, residual: bool = False) -> float:
-    """The chain's kernel (q_a = q_b = q, cross term k) layer by layer, by 2-D Gauss-Hermite."""
+def recursion(fn: str, sw2: float, sb2: float, c0: float, layers: int, residual: bool = False, q_too: bool = False):
+    """The chain's kernel (q_a = q_b = q, cross term k) layer by layer, by 2-D Gauss-Hermite: the
+    output's c, or (c, q) with ``q_too``."""
     phi = PHI[fn]
     q, k = sw2 + sb2, sw2 * c0 + sb2  # the first layer reads inputs of q = 1 and correlation c0
     z1, z2 = np.meshgrid(_Z, _Z, indexing="ij")
@@ -58,7 +59,7 @@ def recursion(fn: str, sw2: float, sb2: float, c0: float, layers: int, residual:
         if residual:  # the block's input and fresh weights' output are uncorrelated
             q_new, k_new = 0.36 * q + 0.64 * q_new, 0.36 * k + 0.64 * k_new
         q, k = q_new, k_new
-    return k / q
+    return (k / q, q) if q_too else k / q
 
 
 @pytest.mark.parametrize("fn", ["tanh", "erf"])
@@ -83,6 +84,34 @@ def test_tanh_mlp_against_monte_carlo():
     for c0, pred in ((0.0, ans.c_map.global_[2]), (0.5, ans.c_map.global_[3])):
         est = stats["c"][c0]
         assert abs(est.mean - pred) <= 3 * est.se + 0.01, (c0, est, pred)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn", ["tanh", "erf"])
+def test_the_issues_network_at_width_512(fn):
+    """Issue 24's EoC row exactly: x -> dense -> [act -> dense] x 3 at width 512, q* = 1, 20 networks;
+    C(0), C(0.5) and q at the output against the answer (C) and the independent recursion (q)."""
+    graph, ans = solve_request(body(fn, mlp(512)))
+    stats = output_statistics(graph, ans, (0.0, 0.5), nets=20, pairs=16, seed=29)
+    for c0, pred in ((0.0, ans.c_map.global_[2]), (0.5, ans.c_map.global_[3])):
+        est = stats["c"][c0]
+        print(f"EoC {fn} issue network: C({c0}) predicted {pred:.4f} measured {est.mean:.4f} +- {est.se:.4f}")
+        assert abs(est.mean - pred) <= 3 * est.se + 0.01, (c0, est, pred)
+    q_pred = recursion(fn, ans.sigma_w2, ans.sigma_b2, 0.0, 3, q_too=True)[1]  # q does not depend on c0
+    q = stats["q"]
+    print(f"EoC {fn} issue network: q predicted {q_pred:.4f} measured {q.mean:.4f} +- {q.se:.4f}")
+    assert abs(q.mean - q_pred) <= 3 * q.se + 0.01
+
+
+def test_softplus_has_no_edge_of_chaos_by_quadrature():
+    """Why softplus is refused, checked without the engine: sigma_b^2 = q* - E[phi^2] / E[phi'^2] must
+    be >= 0, but softplus(x)^2 > relu(x)^2 and sigmoid(x)^2 + sigmoid(-x)^2 < 1 give
+    E[softplus(sqrt(q) z)^2] > q / 2 > q E[sigmoid(sqrt(q) z)^2] at every q."""
+    for q in np.logspace(-4, 4, 33):
+        u = math.sqrt(q) * _Z
+        mean_sq = float(_W @ np.logaddexp(0.0, u) ** 2)
+        slope_sq = float(_W @ (0.5 * (1.0 + np.tanh(0.5 * u))) ** 2)
+        assert q - mean_sq / slope_sq < 0.0, q
 
 
 def test_softplus_has_no_edge_of_chaos_and_says_so():

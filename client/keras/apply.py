@@ -112,9 +112,11 @@ def _activations(ext: Extraction, sol: Solution, solved: dict) -> dict[str, Tran
     return out
 
 
-def _sum_weights(wire: dict) -> list[float]:
+def _sum_weights(wire: dict, scale: float = 1.0) -> list[float]:
+    """A sum node's weights (the normalized default where it names none), times ``scale``: the answer's
+    ``sum_scales`` factor for a sum that an atom reaches through several paths (contract section 1)."""
     n = len(wire.get("inputs", []))
-    return [float(x) for x in (wire.get("weights") or [1.0 / math.sqrt(n)] * n)]
+    return [scale * float(x) for x in (wire.get("weights") or [1.0 / math.sqrt(n)] * n)]
 
 
 def _refuse_multipliers(sol: Solution) -> None:
@@ -134,10 +136,11 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
     ``solution`` is an answer of ``POST /v1/solve`` for ``graph_from_keras(model)`` (a ``Solution``,
     its JSON or dict); ``graph`` is the graph that was solved (its sum weights are used; default:
     extracted again); ``seed`` makes the re-initialization reproducible. The clone's activations
-    compute the answer's transformed activation, its plain adds the normalized sum, and every layer
-    the answer lists has its kernel and bias re-initialized (scale-corrected uniform orthogonal,
-    Orthogonal Delta for convolutions, or Gaussian; biases zero or Gaussian); every other weight is
-    copied from ``model``. Geometric multipliers and residual betas are refused (ValueError).
+    compute the answer's transformed activation, its plain adds the normalized sum (times the answer's
+    ``sum_scales`` where it has one), and every layer the answer lists has its kernel and bias
+    re-initialized (scale-corrected uniform orthogonal, Orthogonal Delta for convolutions, or
+    Gaussian; biases zero or Gaussian); every other weight is copied from ``model``. Geometric
+    multipliers and residual betas are refused (ValueError).
     """
     sol = as_solution(solution)
     _refuse_multipliers(sol)
@@ -150,6 +153,7 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
             + ", ".join(sorted(set(solved) ^ set(ext.entries))[:10])
         )
     acts = _activations(ext, sol, solved)
+    scales = sol.sum_scales or {}
     ext_nodes = {nd["id"]: nd for nd in ext.graph["nodes"]}
     by_layer: dict[int, list] = {}  # id(layer) -> its entries
     for e in ext.entries.values():
@@ -166,8 +170,9 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
             report.activations.append(f"{standalone.gid}: {type(layer).__name__} -> {new!r}")
             return keras.layers.Activation(new, name=layer.name)
         if plain is not None:
-            w = _sum_weights(solved.get(plain.gid, ext_nodes[plain.gid]))
-            report.sums.append(f"{plain.gid}: {type(layer).__name__} -> WeightedSum {[round(x, 6) for x in w]}")
+            w = _sum_weights(solved.get(plain.gid, ext_nodes[plain.gid]), scales.get(plain.gid, 1.0))
+            source = " (graph x sum_scales)" if plain.gid in scales else ""
+            report.sums.append(f"{plain.gid}: {type(layer).__name__} -> WeightedSum {[round(x, 6) for x in w]}{source}")
             return WeightedSum(w, name=layer.name)
         config = layer.get_config()
         if fused is not None:
@@ -178,7 +183,8 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
 
     for e in ext.entries.values():
         if e.op == "sum" and not e.plain:
-            want, has = _sum_weights(solved.get(e.gid, ext_nodes[e.gid])), _sum_weights(ext_nodes[e.gid])
+            want = _sum_weights(solved.get(e.gid, ext_nodes[e.gid]), scales.get(e.gid, 1.0))
+            has = _sum_weights(ext_nodes[e.gid])
             if len(want) != len(has) or any(abs(a - b) > 1e-6 for a, b in zip(want, has, strict=False)):
                 report.warnings.append(
                     f"sum '{e.gid}': the model's scalings weight its inputs {has}, the solved graph {want}; left "
