@@ -221,3 +221,46 @@ def test_the_fast_path_answers_as_the_route(tmp_path, body):
         ]
         if a.status_code == 200:  # solved inline by one, in a solver process or inline by the other
             assert _inline(fast, "done") >= done + 1
+
+
+def test_a_cold_answer_is_stored_even_when_sending_it_fails(tmp_path):
+    """The store write (and the single-flight lock's release) runs after the answer is sent, and
+    also when the send fails: the next request for the same key is a hit, not a 30 s lock wait."""
+    from fastapi.testclient import TestClient
+
+    body = json.dumps({**EASY, "targets": {"eta": 0.8}}).encode()
+    app = _app(tmp_path)
+    with TestClient(app) as c:
+
+        async def call_with_a_broken_client() -> None:
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+            async def send(message):
+                if message["type"] == "http.response.body":
+                    raise OSError("the client went away")
+
+            scope = {
+                "type": "http",
+                "asgi": {"version": "3.0"},
+                "http_version": "1.1",
+                "method": "POST",
+                "scheme": "http",
+                "path": "/v1/solve",
+                "raw_path": b"/v1/solve",
+                "root_path": "",
+                "query_string": b"",
+                "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
+                "client": ("127.0.0.1", 50000),
+                "server": ("testserver", 80),
+            }
+            with pytest.raises(OSError):
+                await app(scope, receive, send)
+
+        c.portal.call(call_with_a_broken_client)
+        start = time.perf_counter()
+        again = c.post("/v1/solve", content=body, headers={"Content-Type": "application/json"})
+        assert again.status_code == 200 and again.json()["cached"] is True
+        assert time.perf_counter() - start < 5  # not a wait for the lock to expire

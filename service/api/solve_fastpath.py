@@ -60,24 +60,28 @@ class SolveFastPath:
         if outcome.cached:
             scope.setdefault("state", {})["cache_hit"] = True  # logged at DEBUG (observability.py)
         answer = outcome.body if isinstance(outcome.body, bytes) else outcome.body.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [  # as the route's Response sends them, in its order
-                    (b"x-sigprop-key", outcome.key.encode()),
-                    (b"content-length", str(len(answer)).encode()),
-                    (b"content-type", b"application/json"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": answer})
-        if outcome.store is not None:
-            # the cold answer's store write (and its single-flight lock's release) once it is sent,
-            # in the cold threads, as the route's background task did: the request ends when it is
-            # stored, so a client's next request on this connection finds it. It never raises
-            # (solutions._DeferredStore).
-            await asyncio.get_running_loop().run_in_executor(self.state.offload.cold, outcome.store)
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [  # as the route's Response sends them, in its order
+                        (b"x-sigprop-key", outcome.key.encode()),
+                        (b"content-length", str(len(answer)).encode()),
+                        (b"content-type", b"application/json"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": answer})
+        finally:
+            if outcome.store is not None:
+                # the cold answer's store write (and its single-flight lock's release) once it is
+                # sent, in the cold threads, as the route's background task did: the request ends
+                # when it is stored, so a client's next request on this connection finds it. It
+                # runs even when the send failed or this request is cancelled (shielded: a
+                # cancelled wait must not cancel the write), and never raises (_DeferredStore).
+                write = self.state.offload.cold.submit(outcome.store)
+                await asyncio.shield(asyncio.wrap_future(write))
 
 
 async def _read_body(receive):
