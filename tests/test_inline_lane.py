@@ -223,13 +223,17 @@ def test_the_fast_path_answers_as_the_route(tmp_path, body):
             assert _inline(fast, "done") >= done + 1
 
 
-def test_a_cold_answer_is_stored_even_when_sending_it_fails(tmp_path):
+@pytest.mark.parametrize("through", ["fast path", "route"])
+def test_a_cold_answer_is_stored_even_when_sending_it_fails(tmp_path, through):
     """The store write (and the single-flight lock's release) runs after the answer is sent, and
-    also when the send fails: the next request for the same key is a hit, not a 30 s lock wait."""
+    also when the send fails: the next request for the same key is a hit, not a 30 s lock wait.
+    Both ways the endpoint answers (the route: when reads need a key) send through one function."""
     from fastapi.testclient import TestClient
 
     body = json.dumps({**EASY, "targets": {"eta": 0.8}}).encode()
-    app = _app(tmp_path)
+    key = "k3y-For-The-Route-0123456789abcdef"
+    app = _app(tmp_path, api_keys=key, keys_for_reads=through == "route")
+    auth = [(b"authorization", f"Bearer {key}".encode())]
     with TestClient(app) as c:
 
         async def call_with_a_broken_client() -> None:
@@ -252,7 +256,7 @@ def test_a_cold_answer_is_stored_even_when_sending_it_fails(tmp_path):
                 "raw_path": b"/v1/solve",
                 "root_path": "",
                 "query_string": b"",
-                "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
+                "headers": [(b"content-type", b"application/json"), (b"host", b"testserver"), *auth],
                 "client": ("127.0.0.1", 50000),
                 "server": ("testserver", 80),
             }
@@ -261,6 +265,7 @@ def test_a_cold_answer_is_stored_even_when_sending_it_fails(tmp_path):
 
         c.portal.call(call_with_a_broken_client)
         start = time.perf_counter()
-        again = c.post("/v1/solve", content=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        again = c.post("/v1/solve", content=body, headers=headers)
         assert again.status_code == 200 and again.json()["cached"] is True
         assert time.perf_counter() - start < 5  # not a wait for the lock to expire

@@ -50,14 +50,15 @@ SOLVE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
-# What each API process holds, sampled by probe_state.py; "livesum": with several workers, the sum
-# over the live ones. part: hot_answers, body_memo, solver_processes (their resident memory),
-# api_process (this process's resident memory).
 INLINE_SOLVES = Counter(
     "sigprop_inline_solves_total",
     "small cold solves tried in the API process (api/inline_lane.py): done, over_budget (handed on), busy",
     ["outcome"],
 )
+
+# What each API process holds, sampled by probe_state.py; "livesum": with several workers, the sum
+# over the live ones. part: hot_answers, body_memo, solver_processes (their resident memory),
+# api_process (this process's resident memory).
 MEMORY_BYTES = Gauge("sigprop_memory_bytes", "bytes held, by part", ["part"], multiprocess_mode="livesum")
 MEMORY_ENTRIES = Gauge("sigprop_memory_entries", "entries held, by part", ["part"], multiprocess_mode="livesum")
 SOLVER_PROCESSES = Gauge("sigprop_solver_processes", "solver processes alive", multiprocess_mode="livesum")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from starlette.background import BackgroundTask
 
 from ...schemas.solve import Solution, SolveRequest
 from ..auth import client_identity
 from ..openapi import ERRORS, LIMITED, request_body
+from ..solve_fastpath import send_outcome
 
 router = APIRouter(prefix="/v1", tags=["solve"])
 
@@ -28,9 +28,17 @@ async def post_solve(request: Request):
         outcome = await state.offload.solve(state.solutions, body, client_identity(request, state.keys))
     if outcome.cached:
         request.state.cache_hit = True  # logged at DEBUG, not INFO (observability.py)
-    # a cold answer is stored once it is sent (its single-flight lock held until then): the
-    # write does not delay it, and a failed write only means a recomputation later
-    after = BackgroundTask(outcome.store) if outcome.store is not None else None
-    return Response(
-        outcome.body, media_type="application/json", headers={"X-Sigprop-Key": outcome.key}, background=after
-    )
+    # sent as the fast path sends it (solve_fastpath.send_outcome): a cold answer is stored once it
+    # is sent (its single-flight lock held until then), also when the send fails
+    return _OutcomeResponse(outcome, state.offload)
+
+
+class _OutcomeResponse(Response):
+    """A solve's answer as an ASGI response that ``send_outcome`` sends."""
+
+    def __init__(self, outcome, offload):
+        super().__init__(media_type="application/json")
+        self.outcome, self.offload = outcome, offload
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send_outcome(self.outcome, self.offload, send)
