@@ -2,6 +2,7 @@
 never served; on the real Redis (the tests' database) and the embedded SQLite cache."""
 
 import json
+import time
 
 import pytest
 import redis
@@ -83,3 +84,23 @@ def test_a_solution_read_or_deleted_right_after_its_answer_waits_for_the_deferre
             assert cache.get(sent.key, count_hit=False) is None  # the write came first, the delete after it
         else:
             assert cache.get(sent.key, count_hit=False) is not None
+
+
+@pytest.mark.parametrize("backend", ["redis", "sqlite"])
+def test_the_single_flight_lock_is_held_until_released_or_expired(backend, tmp_path):
+    cache = _cache(backend, tmp_path)
+    key = "c" * 64
+    token = cache.acquire(key, 30)
+    assert token
+    assert cache.acquire(key, 30) is None  # held: nobody else takes it
+    cache.release(key, "not-the-token")  # only its holder releases it
+    assert cache.acquire(key, 30) is None
+    cache.release(key, token)
+    short = cache.acquire(key, 0.05)
+    assert short and short != token
+    time.sleep(0.1 if backend == "sqlite" else 0.15)
+    taken = cache.acquire(key, 30)  # expired: the next one takes it over
+    assert taken and taken != short
+    cache.release(key, short)  # the expired holder's release leaves the new lock alone
+    assert cache.acquire(key, 30) is None
+    cache.release(key, taken)

@@ -354,10 +354,11 @@ class SqliteSolutionCache(_SqliteFile):
     @_guarded
     def acquire(self, key, ttl_s):
         token, now = uuid.uuid4().hex, time.time()
-        db = self._db()
-        db.execute("DELETE FROM locks WHERE key = ? AND expires < ?", (key, now))
-        cur = db.execute(
-            "INSERT OR IGNORE INTO locks (key, token, expires) VALUES (?, ?, ?)", (key, token, now + ttl_s)
+        # one statement, so one write transaction: taken when free or expired, else left as it is
+        cur = self._db().execute(
+            "INSERT INTO locks (key, token, expires) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE"
+            " SET token = excluded.token, expires = excluded.expires WHERE locks.expires < ?",
+            (key, token, now + ttl_s, now),
         )
         return token if cur.rowcount == 1 else None
 
