@@ -8,6 +8,7 @@ are ``handlers.py``, the OpenAPI additions ``openapi.py``.
 
 from __future__ import annotations
 
+import gc
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -51,10 +52,19 @@ async def lifespan(app: FastAPI):
     await state.offload.untimed(dashboard_pages)  # the dashboard's templates and static files
     if state.solutions.solver is not None:
         await state.offload.untimed(state.solutions.solver.warm)  # the forkserver imports the engine once
+    # What start-up loaded lives as long as the app: out of the cyclic collector's sight (the
+    # gc.freeze recipe, as in solver_preload.py), a full collection scans only what requests made.
+    # Unfrozen, it held the event loop (and every request in flight) for 60-70 ms every few dozen
+    # cold solves (bench/README.md, "The cold ratio"). Unfrozen again at shutdown, so an app run
+    # inside a longer-lived process (the tests' TestClient) leaves its heap collectable. No
+    # collection first: it would cost every in-process app start a full pass of its host's heap,
+    # and the little start-up garbage it would free is freed at shutdown.
+    gc.freeze()
     state.probes.start()  # /readyz's view of the store and the memory gauges, kept fresh by a thread
     state.warm = True
     yield
     state.probes.stop()
+    gc.unfreeze()
     forget_this_process()
     state.validations.close()  # local (no-Redis) validations still running end "failed": interrupted
     state.offload.shutdown()  # in-flight solves finish before the process exits
