@@ -217,6 +217,18 @@ def cache_counts(server: Server) -> dict[str, float]:
     return out
 
 
+def inline_counts(server: Server) -> dict[str, float]:
+    """The server's inline-lane outcomes (done, over_budget, busy) from /metrics, summed over its
+    workers: how many cold solves ran in the API process, and how many fell back to a solver process."""
+    req = urllib.request.Request(server.base + "/metrics")
+    with _OPENER.open(req, timeout=10) as r:
+        text = r.read().decode()
+    out = {"done": 0.0, "over_budget": 0.0, "busy": 0.0}
+    for outcome, value in re.findall(r'^sigprop_inline_solves_total\{outcome="(\w+)"\}\s+([0-9.e+]+)', text, re.M):
+        out[outcome] = out.get(outcome, 0.0) + float(value)
+    return out
+
+
 def check(server: Server, body: dict, expect_cached: bool | None, what: str) -> dict:
     status, headers, answer = http("POST", server.base + "/v1/solve", body)
     if status != 200:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import signal
@@ -73,6 +74,7 @@ from bench_server import (  # noqa: E402, F401
     check,
     free_port,
     http,
+    inline_counts,
 )
 from cold_ratio import cold_ratio  # noqa: E402
 from profiling import PROFILE_CATEGORIES, categorize, profile_hits  # noqa: E402, F401
@@ -157,6 +159,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--cold-rounds", type=int, default=5, help="alternating rounds per case (--cold-ratio)")
     ap.add_argument("--cold-requests", type=int, default=20, help="requests per round and side (--cold-ratio)")
+    ap.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        help="--cold-ratio: run the server and the in-process side on this one CPU (see bench/README.md)",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "http_bench.md"))
     return ap.parse_args(argv)
 
@@ -452,10 +460,14 @@ def report(env: str, results: list[tuple], notes: list[str], profile: str, out_p
 
 
 def main_cold_ratio(args) -> int:
-    """``--cold-ratio``: ``sigprop serve`` on the embedded store, cold solves against in-process."""
+    """``--cold-ratio``: ``sigprop serve`` on the embedded store, cold solves against in-process.
+    ``--cpu``: this process, and so the server it starts (affinity is inherited), on one CPU."""
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    pinned = f"both sides on CPU {args.cpu}; " if args.cpu is not None else ""
     env = (
         f"python {platform.python_version()}; {machine()}; server: sigprop serve --workers {args.workers}, "
-        f"embedded store; {sigprop_state(ROOT)}"
+        f"embedded store; {pinned}{sigprop_state(ROOT)}"
     )
     print(env, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="sigprop-cold-ratio-"))
@@ -464,6 +476,13 @@ def main_cold_ratio(args) -> int:
         server = Server(args.workers, None, tmp / "server.log")
         server.wait_ready()
         text, ok = cold_ratio(server.base, args.cold_rounds, args.cold_requests)
+        lane = inline_counts(server)
+        # a solve past the inline budget (a pause of the API process: a full collection, the VM)
+        # closes the lane for ten times its time, and the solves meanwhile cross to a solver process
+        text += (
+            f"\nthe API process's inline lane: {lane['done']:.0f} solves done, {lane['over_budget']:.0f} over "
+            f"budget, {lane['busy']:.0f} busy (the rest in a solver process)\n"
+        )
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
