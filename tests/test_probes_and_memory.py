@@ -77,18 +77,24 @@ def test_metrics_report_memory_by_part(tmp_path):
 
 # -- the issue's measurement: /readyz and hits during 50 concurrent cold solves ----------------------
 
+# One client for all the threads: a client each (httpx builds an SSL context per client, even for
+# http) cost this process 1.7 s of CPU on a 2-core VM, still running when the measurement began, so
+# the probes measured the sender's start-up. "started" once every request is on its way.
 _COLD_SENDER = """
 import json, sys, threading, httpx
 base, path = sys.argv[1], sys.argv[2]
+bodies = json.load(open(path))
 codes = []
+client = httpx.Client(base_url=base, timeout=120, limits=httpx.Limits(max_connections=len(bodies)))
 def post(body):
-    with httpx.Client(base_url=base, timeout=120) as c:
-        codes.append(c.post("/v1/solve", json=body).status_code)
-threads = [threading.Thread(target=post, args=(b,)) for b in json.load(open(path))]
+    codes.append(client.post("/v1/solve", json=body).status_code)
+threads = [threading.Thread(target=post, args=(b,)) for b in bodies]
 for t in threads:
     t.start()
+print("started", flush=True)
 for t in threads:
     t.join()
+client.close()
 print(json.dumps(codes))
 """
 
@@ -120,7 +126,8 @@ def test_readyz_and_hits_stay_fast_during_50_concurrent_cold_solves(tmp_path):
             stdout=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1.0)  # the sender's start, and the solves in flight
+        assert sender.stdout.readline().strip() == "started"
+        time.sleep(1.0)  # the solves in flight
         probes, hits = [], []
         with svc.client(timeout=10) as p, svc.client(timeout=10) as h:
             while sender.poll() is None:
