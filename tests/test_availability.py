@@ -249,17 +249,20 @@ def test_cache_hits_and_readyz_stay_fast_while_eight_expensive_cold_solves_run(t
         # serialized up front: this process's own JSON work must not hold the GIL the timing loop needs
         bodies = [json.dumps(ladder_request(3000, eta=0.2 + 0.01 * i)).encode() for i in range(8)]
 
+        # one client for the eight threads, built before the timing: httpx builds an SSL context per
+        # client (even for http), tens of milliseconds of this process's GIL each on a slow VM
+        senders = httpx.Client(base_url=svc.base_url, timeout=30, limits=httpx.Limits(max_connections=8))
+
         def cold(i: int) -> None:
-            with httpx.Client(base_url=svc.base_url, timeout=30) as cc:
-                r = cc.post(SOLVE, content=bodies[i], headers={"content-type": "application/json"})
-                cold_codes.append(r.status_code)
+            r = senders.post(SOLVE, content=bodies[i], headers={"content-type": "application/json"})
+            cold_codes.append(r.status_code)
 
         threads = [threading.Thread(target=cold, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)  # the cold solves are in flight
         hits, probes = [], []
-        with svc.client(timeout=10) as c:
+        with svc.client(timeout=10) as c, senders:
+            for t in threads:
+                t.start()
+            time.sleep(0.5)  # the cold solves are in flight
             while any(t.is_alive() for t in threads) and len(hits) < 400:
                 t0 = time.perf_counter()
                 r = c.post(SOLVE, json=hit)
@@ -269,8 +272,8 @@ def test_cache_hits_and_readyz_stay_fast_while_eight_expensive_cold_solves_run(t
                     t0 = time.perf_counter()
                     assert c.get("/readyz").status_code == 200
                     probes.append(time.perf_counter() - t0)
-        for t in threads:
-            t.join(60)
+            for t in threads:
+                t.join(60)
         p99 = statistics.quantiles(hits, n=100)[98] if len(hits) >= 2 else hits[0]
         print(
             f"\n{len(hits)} hits during the cold solves: median {statistics.median(hits) * 1000:.1f} ms, "
