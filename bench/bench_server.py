@@ -206,27 +206,26 @@ def serve_bare(port: int, workers: int) -> None:
     )
 
 
-def cache_counts(server: Server) -> dict[str, float]:
-    """The server's own cache counters (hit, miss, error) from /metrics, summed over its workers."""
+def counter_sums(server: Server, counter: str, label: str, names: tuple[str, ...]) -> dict[str, float]:
+    """One of the server's counters from /metrics, by its one label, summed over its workers."""
     req = urllib.request.Request(server.base + "/metrics")
     with _OPENER.open(req, timeout=10) as r:
         text = r.read().decode()
-    out = {"hit": 0.0, "miss": 0.0, "error": 0.0}
-    for result, value in re.findall(r'^sigprop_cache_total\{result="(\w+)"\}\s+([0-9.e+]+)', text, re.M):
-        out[result] = out.get(result, 0.0) + float(value)
+    out = dict.fromkeys(names, 0.0)
+    for name, value in re.findall(rf'^{counter}\{{{label}="(\w+)"\}}\s+([0-9.e+]+)', text, re.M):
+        out[name] = out.get(name, 0.0) + float(value)
     return out
+
+
+def cache_counts(server: Server) -> dict[str, float]:
+    """The server's own cache counters (hit, miss, error)."""
+    return counter_sums(server, "sigprop_cache_total", "result", ("hit", "miss", "error"))
 
 
 def inline_counts(server: Server) -> dict[str, float]:
-    """The server's inline-lane outcomes (done, over_budget, busy) from /metrics, summed over its
-    workers: how many cold solves ran in the API process, and how many fell back to a solver process."""
-    req = urllib.request.Request(server.base + "/metrics")
-    with _OPENER.open(req, timeout=10) as r:
-        text = r.read().decode()
-    out = {"done": 0.0, "over_budget": 0.0, "busy": 0.0}
-    for outcome, value in re.findall(r'^sigprop_inline_solves_total\{outcome="(\w+)"\}\s+([0-9.e+]+)', text, re.M):
-        out[outcome] = out.get(outcome, 0.0) + float(value)
-    return out
+    """The server's inline-lane outcomes (done, over_budget, busy): how many cold solves ran in the
+    API process, and how many fell back to a solver process."""
+    return counter_sums(server, "sigprop_inline_solves_total", "outcome", ("done", "over_budget", "busy"))
 
 
 def check(server: Server, body: dict, expect_cached: bool | None, what: str) -> dict:
