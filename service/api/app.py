@@ -55,10 +55,10 @@ async def lifespan(app: FastAPI):
     # What start-up loaded lives as long as the app: out of the cyclic collector's sight (the
     # gc.freeze recipe, as in solver_preload.py), a full collection scans only what requests made.
     # Unfrozen, it held the event loop (and every request in flight) for 60-70 ms every few dozen
-    # cold solves (bench/README.md, "The cold ratio"). Unfrozen again at shutdown, so an app run
-    # inside a longer-lived process (the tests' TestClient) leaves its heap collectable. No
-    # collection first: it would cost every in-process app start a full pass of its host's heap,
-    # and the little start-up garbage it would free is freed at shutdown.
+    # cold solves (bench/README.md, "Cold solves over HTTP against in-process"). Unfrozen again at
+    # shutdown, so an app run inside a longer-lived process (the tests' TestClient) leaves its heap
+    # collectable. No collection first: it would cost every in-process app start a full pass of its
+    # host's heap, and the little start-up garbage it would free is freed at shutdown.
     gc.freeze()
     state.probes.start()  # /readyz's view of the store and the memory gauges, kept fresh by a thread
     state.warm = True

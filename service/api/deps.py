@@ -108,7 +108,7 @@ async def thread_result(work: Future, timeout_s: float) -> Any:
     after ``timeout_s`` (the work itself runs on). The thread wakes the loop once, and the waiting
     task resumes in that same loop iteration: ``asyncio.wait_for(asyncio.wrap_future(...))`` took
     three iterations and two futures more, 30-60 microseconds of every cold request on an idle
-    2-vCPU machine (bench/README.md, "The cold ratio")."""
+    2-vCPU machine (bench/README.md, "Cold solves over HTTP against in-process")."""
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
 
