@@ -112,7 +112,7 @@ async def thread_result(work: Future, timeout_s: float) -> Any:
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
 
-    def wake(_work: Future | None = None) -> None:
+    def wake() -> None:
         if not waiter.done():
             waiter.set_result(None)
 
