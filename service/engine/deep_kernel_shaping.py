@@ -98,7 +98,7 @@ def solve_dks(program: NetworkProgram, act: Activation, zeta: float, q_slope_1: 
                 )
             except SigpropError:
                 continue
-            err.hint = f"zeta = {smaller:.6g} is reachable for '{act.name}' on this graph; ask for at most that"
+            err.hint = f"zeta = {smaller:.10g} is reachable for '{act.name}' on this graph; ask for at most that"
             break
         raise
 
