@@ -11,7 +11,9 @@ Retries (``retries`` extra attempts after the first, waiting ``backoff * 2**atte
 at most ``MAX_BACKOFF_S``; a numeric ``Retry-After`` on a 503 lengthens the wait up to the same cap)
 happen only where repeating the request cannot do harm:
 
-- the connection could not be made (``httpx.ConnectError``, ``httpx.ConnectTimeout``): any call;
+- the connection could not be made (``httpx.ConnectError``, ``httpx.ConnectTimeout``): any call
+  (a refused connection too: a service that is restarting refuses for a moment; with the defaults a
+  service that is not running at all is reported after about 2 s);
 - the connection broke before an answer arrived (``httpx.RemoteProtocolError``, ``httpx.ReadError``):
   only idempotent calls, which are every call except ``delete``, ``submit_validation`` and
   ``cancel_validation`` (a solve is a pure function of its request, and the service caches it, so
@@ -20,8 +22,11 @@ happen only where repeating the request cannot do harm:
 
 Nothing else is retried: not read timeouts (a slow solve would only be started again), not 429
 (the caller decides whether to wait: the error's ``headers["Retry-After"]`` says how long), not
-other errors. When the retries run out, a connection error propagates as the ``httpx``
-exception it is, and a 503 raises ``SigpropError``. Every other answer outside 2xx raises
+other errors. When the retries run out, a connection that could not be made raises ``SigpropError``
+with code ``service_unreachable`` (status 503), naming the URL and hinting at ``sigprop serve``; it is
+also the ``httpx.ConnectError`` / ``httpx.ConnectTimeout`` it stands for, so ``except`` clauses
+written for those still catch it. A broken connection propagates as the ``httpx`` exception it is,
+and a 503 raises ``SigpropError``. Every other answer outside 2xx raises
 ``SigpropError`` with the contract's ``code``, ``message``, ``hint`` and the HTTP ``status``
 (code ``http_error`` when the body is not the contract's ``{"error": {...}}`` shape).
 
@@ -47,7 +52,7 @@ from ..schemas.solve import Solution, SolveRequest, Targets, TrainableOptions
 from ..version import __version__
 from .http_validations import AsyncValidationCalls, ValidationCalls
 
-__all__ = ["Client", "AsyncClient", "DEFAULT_BASE_URL", "MAX_BACKOFF_S"]
+__all__ = ["Client", "AsyncClient", "DEFAULT_BASE_URL", "MAX_BACKOFF_S", "ServiceUnreachable"]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 # The longest wait between two attempts, whatever backoff, attempt number or Retry-After say.
@@ -63,6 +68,41 @@ TimeoutLike = float | httpx.Timeout | None
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 # The connection broke after (part of) the request may have been sent: only for idempotent calls.
 _BROKEN_CONNECTION_ERRORS = (httpx.RemoteProtocolError, httpx.ReadError)
+
+
+class ServiceUnreachable(SigpropError, httpx.TransportError):
+    """No connection could be made to the service, after every retry: a ``SigpropError`` (code
+    ``service_unreachable``) naming the URL, with a hint what to start or check. The raised object is
+    one of the two subclasses below, which are also the httpx exception that stands behind it."""
+
+    def __init__(self, base_url: str, exc: httpx.TransportError, attempts: int, elapsed: float):
+        tried = f" ({attempts} attempts over {elapsed:.1f} s)" if attempts > 1 else ""
+        reason = str(exc) or type(exc).__name__
+        super().__init__(
+            "service_unreachable",
+            f"could not connect to the sigprop service at {base_url}: {reason}{tried}",
+            "is the service running? Start one with `sigprop serve` (it listens on "
+            f"{DEFAULT_BASE_URL} by default), or check the URL and port given to the client",
+            # no answer came back; 503 is what a service that cannot serve answers, and retrying later
+            # is the right reaction to both
+            503,
+        )
+        self._request = getattr(exc, "_request", None)
+
+
+class _UnreachableConnectError(ServiceUnreachable, httpx.ConnectError):
+    pass
+
+
+class _UnreachableConnectTimeout(ServiceUnreachable, httpx.ConnectTimeout):
+    pass
+
+
+def _unreachable(base_url: str, exc: httpx.TransportError, attempts: int, started: float) -> ServiceUnreachable:
+    """What a connection that could not be made raises once the retries ran out."""
+    kind = _UnreachableConnectTimeout if isinstance(exc, httpx.ConnectTimeout) else _UnreachableConnectError
+    return kind(base_url, exc, attempts, time.monotonic() - started)
+
 
 # Indirections so tests can observe the waits without sleeping.
 _sleep = time.sleep
@@ -271,11 +311,14 @@ class Client(ValidationCalls, _Base):
     ) -> httpx.Response:
         limit = self.retries if retries is None else retries
         attempt = 0
+        started = time.monotonic()
         while True:
             try:
                 response = self._http.request(method, path, params=params, json=json)
             except httpx.TransportError as exc:
                 if attempt >= limit or not self._retryable(exc, idempotent):
+                    if isinstance(exc, _CONNECT_ERRORS):
+                        raise _unreachable(self.base_url, exc, attempt + 1, started) from exc
                     raise
                 _sleep(self._delay(attempt))
             else:
@@ -402,11 +445,14 @@ class AsyncClient(AsyncValidationCalls, _Base):
     ) -> httpx.Response:
         limit = self.retries if retries is None else retries
         attempt = 0
+        started = time.monotonic()
         while True:
             try:
                 response = await self._http.request(method, path, params=params, json=json)
             except httpx.TransportError as exc:
                 if attempt >= limit or not self._retryable(exc, idempotent):
+                    if isinstance(exc, _CONNECT_ERRORS):
+                        raise _unreachable(self.base_url, exc, attempt + 1, started) from exc
                     raise
                 await _async_sleep(self._delay(attempt))
             else:

@@ -435,6 +435,52 @@ def test_backoff_is_exponential_and_capped(sleeps):
     assert sleeps == [3.0, 6.0, client_http.MAX_BACKOFF_S, client_http.MAX_BACKOFF_S, client_http.MAX_BACKOFF_S]
 
 
+def test_a_stopped_server_raises_the_contract_error_naming_the_url_and_sigprop_serve(sleeps):
+    url = f"http://{LOOPBACK}:{free_port()}"  # nothing listens there
+    with Client(url, retries=2) as c, pytest.raises(SigpropError) as exc:
+        c.solve(mlp(3), "tat", "leaky_relu", {"eta": 0.1})
+    err = exc.value
+    assert (err.code, err.status) == ("service_unreachable", 503)
+    assert url in err.message and "3 attempts" in err.message
+    assert "sigprop serve" in err.hint and "URL and port" in err.hint
+    assert "sigprop serve" in str(err)  # a traceback shows the hint too
+    # still the httpx exception it stands for, so code written against httpx keeps catching it
+    assert isinstance(err, httpx.ConnectError) and isinstance(err.__cause__, httpx.ConnectError)
+    assert sleeps == [0.25, 0.5]  # the documented retries with backoff are what the wait is
+
+    async def scenario():
+        async with AsyncClient(url, retries=0) as ac:
+            with pytest.raises(SigpropError) as aexc:
+                await ac.health()
+            assert await ac.ready() is False  # a probe answers False, it does not raise
+        return aexc.value
+
+    aerr = asyncio.run(scenario())
+    assert aerr.code == "service_unreachable" and url in aerr.message and "sigprop serve" in aerr.hint
+    assert "attempts" not in aerr.message  # one try: no retry count to report
+
+
+def test_a_connect_timeout_is_service_unreachable_and_still_a_connect_timeout(sleeps):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    with Client("http://sigprop.invalid:9", retries=1, transport=httpx.MockTransport(handler)) as c:
+        with pytest.raises(httpx.ConnectTimeout) as exc:
+            c.health()
+    assert isinstance(exc.value, SigpropError) and exc.value.code == "service_unreachable"
+    assert "http://sigprop.invalid:9" in exc.value.message and sleeps == [0.25]
+
+
+def test_a_broken_connection_still_raises_the_httpx_error(sleeps):
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadError("connection reset", request=request)
+
+    with Client("http://sigprop.invalid:9", retries=1, transport=httpx.MockTransport(handler)) as c:
+        with pytest.raises(httpx.ReadError) as exc:
+            c.delete("k")  # not idempotent: not retried
+    assert not isinstance(exc.value, SigpropError) and sleeps == []
+
+
 def _flaky(failures: int, status: int = 503, headers: dict | None = None):
     """A MockTransport answering ``status`` ``failures`` times, then a solve answer."""
     calls: list[httpx.Request] = []
