@@ -7,6 +7,8 @@ unless the environment says otherwise (this must run before numpy is imported).
 
 import os
 
+import pytest
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The docs, the dashboard and /metrics are off by default on the API port (api/exposure.py); the
@@ -14,6 +16,16 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # checks the defaults with explicit settings.
 for _surface in ("DOCS", "DASHBOARD", "METRICS"):
     os.environ.setdefault(f"SIGPROP_EXPOSE_{_surface}", "true")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns "no" into "load"
+def pytest_cmdline_main(config):
+    """Under pytest-xdist (``-n N``), one worker runs each file's tests (``--dist loadfile``): the
+    files' module fixtures start servers, and a file split over two workers would start them twice.
+    Set here rather than in ``addopts`` so that ``pytest -p no:xdist`` still parses its options
+    (``--dist`` is xdist's own flag)."""
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "loadfile"
 
 
 def pytest_sessionfinish(session, exitstatus):
