@@ -28,6 +28,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from ..schemas.errors import SigpropError
+from ..schemas.graph import unsupported_note
 from .jax_activations import activation_fn  # the catalogue's exact phi
 from .jax_sequence import ATTENTION_HINT, dense_on_tokens, sequence_step, settle, written_out_attention
 
@@ -143,7 +144,9 @@ class _Walker:
         chain = self.modules_at()
         return chain[-1] if chain else None
 
-    def unsupported(self, why: str, hint: str = "") -> None:
+    def unsupported(self, why: str, hint: str = "") -> str:
+        """Raise for an op the graph cannot express, or under allow_unsupported warn and return what
+        it was (the note of the identity that ``stand_in`` puts in its place)."""
         chain = self.modules_at()
         # an attention module's own Dense layers are named by the attention module (the way out is its hint)
         at = next((m for m in chain if "Attention" in m[1]), chain[-1] if chain else None)
@@ -169,6 +172,16 @@ class _Walker:
                 "or pass allow_unsupported=True to treat it as the identity",
             )
         self.warnings.append(f"{where}: {why}: treated as the identity")
+        return f"{where}: {why}"
+
+    def stand_in(self, note: str, src: _Net, value, factor: float | None = None) -> _Net:
+        """An ``identity`` node reading ``src`` in place of an op the graph cannot express, with the
+        note on it: the graph itself says so, and every answer for it warns, whoever sends it.
+        ``value``: the model's value there; ``factor``: its scale over the node's (``src``'s)."""
+        factor = src.factor if factor is None else factor
+        at = self.module_at()
+        nd = {"op": "identity", "inputs": [src.node], "unsupported": unsupported_note(note)}
+        return _Net(self.new_node(at[0].lower() if at else "unsupported", nd, value / factor), factor)
 
     def resolve(self, v, for_what: str, scaled_ok: bool = False) -> _Net:
         """The node ``v`` stands for, its pending elementwise chain turned into an activation node."""
@@ -196,10 +209,10 @@ class _Walker:
         f = _probe_chain(net, np.asarray(net.base))  # as a function of the base value, factor * node
         slope, shift = np.polyfit(_PROBE, f, 1)
         if np.max(np.abs(f - slope * _PROBE - shift)) < 1e-5 * max(1.0, float(np.max(np.abs(f)))):
-            if abs(shift) > 1e-6 * max(1.0, abs(slope)):
-                self.unsupported(f"a constant shift of '{net.node}'")
             a = net.factor * float(slope)
             out = _Net(net.node, 1.0 if abs(a - 1.0) < 1e-5 else a)
+            if abs(shift) > 1e-6 * max(1.0, abs(slope)):
+                out = self.stand_in(self.unsupported(f"a constant shift of '{net.node}'"), out, self.env[v])
         else:
             if abs(net.factor - 1.0) > 1e-6:
                 self.warnings.append(f"'{net.node}' enters an activation multiplied by {net.factor:.6g}")
@@ -229,12 +242,11 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
     if prim in ("dot_general", "conv_general_dilated") and len(data) == 1 and isinstance(kinds[1], tuple):
         return _layer(w, eqn, data[0][0], kinds[1][1], out)
     if w.sequence and len(data) == 1 and prim in _RESHAPES and np.shape(out) != np.shape(w.read(data[0][0])):
-        w.unsupported(
+        note = w.unsupported(
             f"a {prim} of a token stream to shape {list(np.shape(out))} (attention heads split out by hand?)",
             ATTENTION_HINT,
         )
-        src = w.resolve(data[0][0], prim, scaled_ok=True)
-        w.kind[ov] = _Net(src.node, src.factor)
+        w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], prim, scaled_ok=True), out)
         return None
     if w.sequence and len(data) == 1 and prim in ("split", "slice"):
         w.unsupported(
@@ -243,8 +255,8 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
             "afterwards is not read)",
         )
     if w.sequence and written_out_attention(eqn, len(data)):
-        w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
-        w.kind[ov] = _Net(w.resolve(data[0][0], prim, scaled_ok=True).node)
+        note = w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
+        w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], prim, scaled_ok=True), out, 1.0)
         return None
     if prim == "add" and len(data) == 2:
         a, b = (w.resolve(v, "a sum", scaled_ok=True) for v, _ in data)
@@ -362,10 +374,9 @@ def _bias(w: _Walker, v, out, ov) -> None:
 
 
 def _unsupported(w: _Walker, what: str, data: list, out, ov) -> None:
-    w.unsupported(f"{what} (on {', '.join(repr(k.node) for _, k in data) or 'no network value'})")
-    src = w.resolve(data[0][0], what, scaled_ok=True) if data else None
-    if src is not None:
-        w.kind[ov] = _Net(src.node, src.factor)
+    note = w.unsupported(f"{what} (on {', '.join(repr(k.node) for _, k in data) or 'no network value'})")
+    if data:
+        w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], what, scaled_ok=True), out)
     return None
 
 
@@ -561,9 +572,10 @@ def graph_from_flax(
     over H, W pooling, reshapes to ``[B, features]`` ``flatten``. A value that reaches an activation
     or a layer scaled (a plain ``x + y`` is sqrt(2) times the normalized sum the graph assumes)
     gets a warning: JAX code cannot be rewritten, so the model must compute what the graph says.
-    Anything else raises ``SigpropError("unsupported_op")`` (``allow_unsupported=True``: the
-    identity, with a warning). The graph is checked with the service's structure rules
-    (``assumptions="warn"`` warns instead of raising ``unsupported_structure``).
+    Anything else raises ``SigpropError("unsupported_op")`` (``allow_unsupported=True``: an
+    ``identity`` node with an ``unsupported`` note, and a warning; every answer warns of it too).
+    The graph is checked with the service's structure rules (``assumptions="warn"`` warns instead of
+    raising ``unsupported_structure``).
 
     A sequence ``[B, T, D]`` gives a sequence graph (input ``{"shape": [T, D], "sequence": true}``):
     ``nn.Dense`` per token, ``sigprop.client.jax_attention.ShapedAttention`` on three Dense layers of

@@ -125,9 +125,9 @@ def _attention(w, eqn, ins: list, core: tuple[int, bool], net_type) -> None:
     ov = eqn.outvars[0]
     if not all(isinstance(k, net_type) for k in kinds[:3]) or any(isinstance(k, net_type) for k in kinds[3:]):
         data = [(v, k) for v, k in zip(eqn.invars, kinds, strict=True) if isinstance(k, net_type)]
-        w.unsupported("attention whose queries, keys and values are not three network values", ATTENTION_HINT)
+        note = w.unsupported("attention whose queries, keys and values are not three network values", ATTENTION_HINT)
         if data:
-            w.kind[ov] = net_type(w.resolve(data[0][0], "attention", scaled_ok=True).node)
+            w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], "attention", scaled_ok=True), outs[0], 1.0)
         return
     names = ("queries", "keys", "values")
     q, k, v = (
@@ -137,20 +137,20 @@ def _attention(w, eqn, ins: list, core: tuple[int, bool], net_type) -> None:
     nodes = {nd["id"]: nd for nd in w.nodes}
     sources = {tuple(nodes[n.node].get("inputs", ())) for n in (q, k, v)}
     if any(nodes[n.node]["op"] != "dense" for n in (q, k, v)) or len(sources) != 1:
-        w.unsupported(
+        note = w.unsupported(
             f"attention on '{q.node}', '{k.node}', '{v.node}': its queries, keys and values must be Dense layers "
             "of one input (cross-attention and transformed projections are outside the graph)",
             ATTENTION_HINT,
         )
-        w.kind[ov] = net_type(v.node, v.factor)
+        w.kind[ov] = w.stand_in(note, v, outs[0])
         return
     if len({q.node, k.node, v.node}) != 3:
-        w.unsupported(
+        note = w.unsupported(
             f"attention on '{q.node}', '{k.node}', '{v.node}': queries, keys and values sharing one Dense output "
             "(the answer zeroes the query kernel, which would zero the keys or values with it)",
             "give queries, keys and values a Dense layer each",
         )
-        w.kind[ov] = net_type(v.node, v.factor)
+        w.kind[ov] = w.stand_in(note, v, outs[0])
         return
     path = kinds[3][1] if isinstance(kinds[3], tuple) else None
     module = tuple(path[1:-1]) if path and path[0] == COLLECTION else None

@@ -130,7 +130,28 @@ class DropoutNode(_Node):
 
 
 class PassThroughNode(_Node):
-    op: Literal["flatten", "identity", "output"]
+    op: Literal["flatten", "output"]
+
+
+# What an adapter writes in an identity's ``unsupported``: one line of printable text (it is echoed
+# in the answer's warnings), no longer than a log line should be.
+UNSUPPORTED_NOTE_MAX = 300
+UnsupportedNote = Annotated[str, Field(min_length=1, max_length=UNSUPPORTED_NOTE_MAX, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+def unsupported_note(text: str) -> str:
+    """``text`` as an identity's ``unsupported`` note: one line, cut to the wire's length."""
+    line = " ".join(text.split()) or "an op the adapter could not express"
+    return line if len(line) <= UNSUPPORTED_NOTE_MAX else line[: UNSUPPORTED_NOTE_MAX - 3] + "..."
+
+
+class IdentityNode(_Node):
+    op: Literal["identity"]
+    unsupported: UnsupportedNote | None = Field(
+        default=None,
+        description="set by an adapter that put this identity in place of an op it could not express "
+        "(allow_unsupported): what that op was; each answer for the graph warns of it",
+    )
 
 
 Node = Annotated[
@@ -145,6 +166,7 @@ Node = Annotated[
     | DropoutNode
     | AttentionNode
     | LayerNormNode
+    | IdentityNode
     | PassThroughNode,
     Field(discriminator="op"),
 ]

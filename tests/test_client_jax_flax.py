@@ -254,6 +254,20 @@ def test_unsupported_ops_are_named_by_their_flax_module_and_type():
     assert "the Flax module '_Block_0' (_Block)" in info.value.message, info.value.message
 
 
+def test_ops_treated_as_the_identity_are_warned_of_in_the_answer():
+    """allow_unsupported puts an identity with a note where the gate was: the answer warns of it."""
+    import sigprop
+
+    with pytest.warns(UserWarning, match="treated as the identity"):
+        graph, _ = sjax.graph_from_flax(_Gated(), jnp.ones((4, 6)), allow_unsupported=True)
+    stand_in = [nd for nd in graph["nodes"] if nd.get("unsupported")]
+    assert [(nd["id"], nd["op"]) for nd in stand_in] == [("_block_0", "identity")], graph["nodes"]
+    assert "the Flax module '_Block_0' (_Block)" in stand_in[0]["unsupported"]
+    sol = sigprop.solve(graph, "eoc", "tanh")
+    warned = [w for w in sol.warnings if "'_block_0'" in w]
+    assert len(warned) == 1 and "_Block" in warned[0] and "identity" in warned[0], sol.warnings
+
+
 @pytest.mark.parametrize("shape", [(6, 28, 28, 1), (6, 784), (6, 12, 40), (6, 8, 8, 3)])
 def test_input_pairs_have_q_one_and_the_cosine_for_any_shape(shape):
     """As the torch adapter's: one channel (NHWC [N, 28, 28, 1]) gets +-1 signs, a share flipped."""

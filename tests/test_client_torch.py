@@ -399,16 +399,32 @@ def test_batchnorm_is_unsupported_unless_allowed(sp):
 
     with pytest.warns(UserWarning, match=r"node 'bn' \(BatchNorm1d module 'bn'\).*identity"):
         graph = graph_from_module(model, x, allow_unsupported=True)
-    bn = next(nd for nd in graph["nodes"] if nd["id"] == "bn")
+    bn = dict(next(nd for nd in graph["nodes"] if nd["id"] == "bn"))
+    assert bn.pop("unsupported").startswith("BatchNorm1d module 'bn': ")  # the answer warns of it
     assert bn == {"id": "bn", "op": "identity", "inputs": ["fc1"]}
 
     sol = sp.solve(graph, "tat", "leaky_relu", {"eta": 0.3})
+    assert any("'bn'" in w and "BatchNorm1d" in w for w in sol.warnings), sol.warnings  # over HTTP too
     report = apply(model, sol, graph=graph, example_input=x, seed=0)
     # honest: the BatchNorm is still there and its parameters were not touched
     assert not report.complete
     assert any(u.startswith("bn (BatchNorm1d)") for u in report.uninitialized), report.uninitialized
     assert any("'bn'" in w for w in report.warnings), report.warnings
     assert isinstance(report.model.get_submodule("bn"), nn.BatchNorm1d)
+
+
+def test_ops_treated_as_the_identity_are_warned_of_in_the_answer():
+    """allow_unsupported puts the fact on the graph: the answer's warnings name it (in-process)."""
+    import sigprop
+
+    x = torch.randn(4, 32)
+    with pytest.warns(UserWarning, match="treated as the identity"):
+        graph = graph_from_module(WithBatchNorm(), x, allow_unsupported=True)
+    sol = sigprop.solve(graph, "tat", "leaky_relu", {"eta": 0.3})
+    warned = [w for w in sol.warnings if "'bn'" in w]
+    assert len(warned) == 1 and "BatchNorm1d" in warned[0] and "normalization" in warned[0], sol.warnings
+    plain = graph_from_module(MLP(2, 32), x)  # nothing treated as the identity: no such warning
+    assert not any("identity" in w for w in sigprop.solve(plain, "tat", "leaky_relu", {"eta": 0.3}).warnings)
 
 
 def test_report_is_honest_about_unmatched_layers(sp):

@@ -449,6 +449,42 @@ def test_unreachable_node_is_dropped_with_a_warning():
     assert [layer.id for layer in sol.layers] == ["d"]
 
 
+def test_an_identity_standing_for_an_unsupported_op_warns_in_every_answer_and_keeps_the_key():
+    """An adapter's allow_unsupported identity carries what it stands for: every answer warns of it
+    (live nodes only), the same key and numbers as the plain identity, a cached answer too."""
+    import sigprop
+
+    note = "BatchNorm1d module 'bn': a normalization layer"
+    plain = [inp("x", [8]), dense("d", "x", 8), {"id": "bn", "op": "identity", "inputs": ["d"]}]
+    plain += [act("a", "bn"), dense("d2", "a", 8), out("o", "d2")]
+    noted = [dict(nd, unsupported=note) if nd["id"] == "bn" else nd for nd in plain]
+    dead = {"id": "gone", "op": "identity", "inputs": ["x"], "unsupported": "not on the output's path"}
+    graph = {"schema": SCHEMA, "nodes": noted + [dead]}
+    assert key_of(noted) == key_of(plain)
+    for _ in range(2):  # solved, then answered from the in-process cache (if any): warned both times
+        sol = sigprop.solve(graph, "tat", "leaky_relu", {"eta": 0.2})
+        warned = [w for w in sol.warnings if "'bn'" in w]
+        assert len(warned) == 1 and note in warned[0] and "identity" in warned[0], sol.warnings
+        assert not any("not on the output's path" in w for w in sol.warnings)  # a dead node: named as dropped
+    bare = sigprop.solve({"schema": SCHEMA, "nodes": plain}, "tat", "leaky_relu", {"eta": 0.2})
+    assert not any("identity in place" in w for w in bare.warnings)
+    assert (sol.key, sol.layers) == (bare.key, bare.layers)
+
+
+@pytest.mark.parametrize("note", ["", "two\nlines", "x" * 301])
+def test_an_unsupported_note_is_one_short_line(note):
+    nodes = [inp("x", [8]), {"id": "i", "op": "identity", "inputs": ["x"], "unsupported": note}, out("o", "i")]
+    with pytest.raises(SigpropError) as info:
+        parse_solve_request(request({"schema": SCHEMA, "nodes": nodes}))
+    assert info.value.code in ("invalid_request", "invalid_graph") and "unsupported" in info.value.message
+
+
+def test_only_an_identity_carries_an_unsupported_note():
+    nodes = [inp("x", [8]), {"id": "f", "op": "flatten", "inputs": ["x"], "unsupported": "no"}, out("o", "f")]
+    with pytest.raises(SigpropError):
+        parse_solve_request(request({"schema": SCHEMA, "nodes": nodes}))
+
+
 # ------------------------------------------------------------------ subnetworks: brute force
 
 

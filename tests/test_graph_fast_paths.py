@@ -26,7 +26,8 @@ def reference_sum_order(topo, default_activation) -> dict:
     """The structural hash as first written: model_dump and json.dumps per node."""
     digest, ordered = {}, {}
     for nd in topo:
-        attrs = nd.model_dump(exclude={"id", "inputs", "weights"})
+        # an identity's "unsupported" note (added later) is no structure: never hashed
+        attrs = nd.model_dump(exclude={"id", "inputs", "weights", "unsupported"})
         if nd.op == "input" and not attrs["sequence"]:  # added later: written only when true
             del attrs["sequence"]
         if nd.op == "activation":

@@ -209,7 +209,8 @@ def graph_from_module(
 
     Anything else (normalization layers, attention, multiplications, constants added to the data)
     raises ``SigpropError("unsupported_op")`` naming the node; with ``allow_unsupported=True`` such
-    a node becomes an ``identity`` node and a warning says so.
+    a node becomes an ``identity`` node and a warning says so. The node's ``unsupported`` note says
+    what it stands for, so every answer for the graph warns of it too (contract section 1).
 
     The graph is checked against the kernel theory's assumptions with the service's own rules
     (``sigprop.schemas.structure``): a post-activation residual block (torchvision's ResNet), an

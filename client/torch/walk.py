@@ -14,6 +14,7 @@ import torch.fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
 from ...schemas.errors import SigpropError
+from ...schemas.graph import unsupported_note
 from .ops import NotYet, Unsupported, classify, describe
 from .traced import Entry
 
@@ -166,6 +167,9 @@ class Walker:
                 wire["fn"] = attrs["fn"]
         else:
             wire.update(attrs)
+        if extra.get("unsupported"):
+            # on the graph itself, so that every answer for it warns, whoever sends it
+            wire["unsupported"] = unsupported_note(f"{desc}: {extra['unsupported']}")
         if op == "sum" and "weights" not in attrs:
             wire["weights"] = [1.0 / math.sqrt(len(ins))] * len(ins)
         self.nodes_out.append(wire)

@@ -261,6 +261,14 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
         live = {nd.id for nd in order}
         dropped = [nd.id for nd in wire if nd.id not in live]
         warnings.append(f"{len(dropped)} node(s) do not reach the output and were ignored: {', '.join(dropped[:10])}")
+    # identities an adapter put in place of ops it could not express (allow_unsupported): their
+    # notes are not in the key, so like the line above this is the request's, in every answer
+    warnings += [
+        f"node '{nd.id}' is an identity in place of an op the graph could not express ({note}): "
+        "the answer is solved as if it were not there; replace it or check its effect (diagnose)"
+        for nd in order
+        if nd.op == "identity" and (note := getattr(nd, "unsupported", None))
+    ]
     if not any(nd.kind == SOURCE for nd in nodes):
         raise _invalid("no input node reaches the output", "add an 'input' node feeding the network")
     return NetworkGraph(nodes=nodes, output=len(nodes) - 1, warnings=warnings)
@@ -510,7 +518,8 @@ def _attrs_text(nd, default_activation, texts: dict) -> str:
         # the keys of model_dump(): a node model has neither computed nor excluded fields
         # an input's "sequence" (token streams, added later) is left out, and written only when true
         # (below), so the hashes, hence canonical graphs and cache keys, of other graphs stay as they were
-        skip = ("id", "inputs", "weights", "sequence")
+        # an identity's "unsupported" note is no structure: left out, so it changes no hash
+        skip = ("id", "inputs", "weights", "sequence", "unsupported")
         names = tuple(sorted(name for name in type(nd).model_fields if name not in skip))
         getter = operator.attrgetter(*names)
         layout = _LAYOUTS[type(nd)] = (
