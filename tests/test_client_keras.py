@@ -248,6 +248,23 @@ def test_unknown_layers_are_refused_by_name(build, match):
     assert err.value.code == "unsupported_op" and err.value.hint
 
 
+@pytest.mark.parametrize("where", ["layer", "fused"])
+def test_an_activation_outside_the_catalogue_is_named_with_the_supported_ones(where):
+    from sigprop.schemas.activations import ACTIVATION_NAMES
+
+    inp = keras.Input((6,))
+    if where == "layer":
+        h = layers.Activation("mish", name="m")(layers.Dense(4, name="d")(inp))
+    else:
+        h = layers.Dense(4, activation="mish", name="d")(inp)
+    model = keras.Model(inp, layers.Dense(2, name="out")(h))
+    with pytest.raises(SigpropError) as err:
+        graph_from_keras(model)
+    message = err.value.message
+    assert "activation 'mish' is not one the sigprop catalogue knows; supported: " in message, message
+    assert message.endswith(", ".join(ACTIVATION_NAMES)) and "TransformedActivation(name)" in err.value.hint
+
+
 def test_unbuilt_sequential_subclassed_models_and_sequence_dense_are_refused():
     with pytest.raises(SigpropError, match="not built"):
         graph_from_keras(keras.Sequential([layers.Dense(4)]))

@@ -353,6 +353,53 @@ def test_a_post_activation_residual_block_is_refused_with_the_preactivation_fix(
     assert '"assumptions": "warn"' in err.hint
 
 
+@pytest.mark.parametrize("case", ["Mish", "Hardswish", "ReLU6", "F.mish", "F.hardswish"])
+def test_an_activation_outside_the_catalogue_is_named_with_the_supported_ones(case):
+    """Not "treat it as the identity" (that drops a nonlinearity): the catalogue's names, and a way
+    to write one of them; allow_unsupported still makes it the identity, which the answer names."""
+    torch = pytest.importorskip("torch")
+    import sigprop
+    from sigprop.client.torch import TransformedActivation, graph_from_module
+    from sigprop.schemas.activations import ACTIVATION_NAMES
+
+    nn, F = torch.nn, torch.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+            self.act = getattr(nn, case)() if not case.startswith("F.") else getattr(F, case[2:])
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(x)))
+
+    x = torch.randn(3, 4)
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(Net(), x)
+    err = info.value
+    name = f"nn.{case}" if not case.startswith("F.") else case
+    assert err.code == "unsupported_op" and f"{name} is not a supported activation; supported: " in err.message
+    assert err.message.endswith(", ".join(ACTIVATION_NAMES)), err.message  # the catalogue's list, all of it
+    assert "allow_unsupported" not in err.hint and "identity" not in err.hint, err.hint
+    assert "nn.SiLU (swish)" in err.hint and "TransformedActivation(name)" in err.hint
+    graph_from_module(nn.Sequential(nn.Linear(4, 8), TransformedActivation("swish"), nn.Linear(8, 2)), x)
+
+    with pytest.warns(UserWarning, match="treated as the identity"):
+        graph = graph_from_module(Net(), x, allow_unsupported=True)
+    sol = sigprop.solve(graph, "eoc", "tanh")
+    assert any(f"{name} is not a supported activation" in w for w in sol.warnings), sol.warnings
+
+
+def test_a_softmax_is_not_called_an_activation():
+    torch = pytest.importorskip("torch")
+    from sigprop.client.torch import graph_from_module
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Softmax(dim=1), torch.nn.Linear(8, 2))
+    with pytest.raises(SigpropError) as info:
+        graph_from_module(model, torch.randn(3, 4))
+    assert "Softmax is not an op of the sigprop graph" in info.value.message, info.value.message
+
+
 # -- 9. sequence models: what a sequence graph cannot hold is refused plainly, naming it ---------
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import keras
 
+from ...schemas.activations import ACTIVATION_NAMES
 from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
@@ -54,6 +55,15 @@ class Unsupported(Exception):
     def __init__(self, why: str, hint: str = _UNSUPPORTED_HINT):
         super().__init__(why)
         self.why, self.hint = why, hint
+
+
+def _unknown_activation(exc: ValueError) -> Unsupported:
+    """An activation function outside the catalogue, named with the catalogue's list."""
+    return Unsupported(
+        f"{exc}; supported: {', '.join(ACTIVATION_NAMES)}",
+        "use one of those (by name, e.g. activation='swish', or sigprop.client.keras.TransformedActivation(name)), "
+        "or write the graph by hand",
+    )
 
 
 @dataclass
@@ -190,7 +200,7 @@ def _activation(layer) -> tuple[str, dict] | None:
     try:
         return activation_of(layer.activation)
     except ValueError as exc:
-        raise Unsupported(str(exc), "use a catalogue activation (relu, leaky_relu, tanh, gelu, ...)") from None
+        raise _unknown_activation(exc) from None
 
 
 def _scalar(value) -> float | None:
@@ -419,7 +429,7 @@ class _Walker:
         try:
             act = activation_of(op.activation)
         except ValueError as exc:
-            raise Unsupported(str(exc), "use a catalogue activation (relu, leaky_relu, tanh, gelu, ...)") from None
+            raise _unknown_activation(exc) from None
         (v,) = self.ins(node)
         gid = self.new_id(name)
         src = self.read(v, _describe(op))

@@ -16,6 +16,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from ...schemas.activations import ACTIVATION_NAMES
 from .modules import ACT_MODULES, NormalizedSum, TransformedActivation
 
 __all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module", "hand_written_attention"]
@@ -75,6 +76,26 @@ _POOL_FUNCTIONS = {
 _ADAPTIVE_FUNCTIONS = {F.adaptive_avg_pool1d, F.adaptive_avg_pool2d}
 _MEAN = {torch.mean}
 
+# torch's elementwise activations the catalogue lacks (nn.Mish, nn.Hardswish, nn.ReLU6, ...): the modules
+# of torch.nn.modules.activation that act on each entry alone, and their functions (F.mish, F.hardswish_)
+_NOT_ELEMENTWISE = ("MultiheadAttention", "Softmax", "Softmax2d", "LogSoftmax", "Softmin", "GLU")
+_OTHER_ACT_MODULES = tuple(
+    c
+    for c in vars(nn.modules.activation).values()
+    if isinstance(c, type)
+    and issubclass(c, nn.Module)
+    and c.__module__ == nn.modules.activation.__name__
+    and c.__name__ not in _NOT_ELEMENTWISE
+    and c not in ACT_MODULES
+    and c is not nn.GELU
+)
+_OTHER_ACT_FUNCTIONS = {
+    fn: f"F.{c.__name__.lower()}"
+    for c in _OTHER_ACT_MODULES
+    for fn in (getattr(F, c.__name__.lower(), None), getattr(F, c.__name__.lower() + "_", None))
+    if fn is not None
+}
+
 _UNSUPPORTED_HINT = (
     "the graph covers dense and conv layers, activations, sums, channel concatenations, pooling, "
     "flatten, dropout and identity: replace or remove the op, write the graph by hand, or pass "
@@ -118,6 +139,20 @@ class Unsupported(Exception):
         super().__init__(why)
         self.why = why
         self.hint = hint
+
+
+def _unknown_activation(name: str) -> Unsupported:
+    """An elementwise activation outside the catalogue (nn.Mish, F.hardswish): named with the
+    catalogue's list, and the way out is one of those, not the identity (which drops a nonlinearity)."""
+    modules = [
+        f"nn.{c.__name__}" + (f" ({n})" if n.replace("_", "") != c.__name__.lower() else "")
+        for c, n in ACT_MODULES.items()
+    ]
+    return Unsupported(
+        f"{name} is not a supported activation; supported: {', '.join(ACTIVATION_NAMES)}",
+        f"replace it with one of those: PyTorch's {', '.join(modules)}, nn.GELU, or "
+        "sigprop.client.torch.TransformedActivation(name) for any name listed; or write the graph by hand",
+    )
 
 
 _SEQUENCE_HINT = (
@@ -367,6 +402,8 @@ def _classify_module(m: nn.Module, in_shape, out_shape, extra: dict) -> tuple[st
         )
     if sequence_module(m):
         raise NotYet(f"{sequence_module(m)} is not supported yet")
+    if isinstance(m, _OTHER_ACT_MODULES):
+        raise _unknown_activation(f"nn.{type(m).__name__}")
     raise Unsupported(f"{type(m).__name__} is not an op of the sigprop graph")
 
 
@@ -470,4 +507,6 @@ def _classify_call(node: torch.fx.Node, data_in: list, shapes: dict, extra: dict
         raise NotYet(f"F.linear applied to each token of a {list(in_shape)} tensor is not supported yet")
     if not method and target is F.layer_norm and in_shape is not None and len(in_shape) == 3:
         raise NotYet(f"F.layer_norm over the features of each token of a {list(in_shape)} tensor is not supported yet")
+    if not method and target in _OTHER_ACT_FUNCTIONS:
+        raise _unknown_activation(_OTHER_ACT_FUNCTIONS[target])
     raise Unsupported("it is not an op of the sigprop graph")
