@@ -25,7 +25,11 @@ tensor's shape, which is checked against the graph's shape rules node by node. W
 
 Nodes computed from constants and shapes only (``Shape``, ``Gather``, ``Constant``, ...) are not on
 the data path and are skipped. Any other op on the data path raises ``SigpropError("unsupported_op")``
-naming its op type and node name. Node ids are the ONNX node names (leading ``/`` dropped).
+naming its op type and node name. Node ids are the torch module paths where the export keeps them
+(``torch.onnx.export``'s default exporter, in each node's metadata): a leaf module's ops are named
+after its path (``0``, ``blocks.0.f.1``), a function called in ``forward`` after its node
+(``add``), as ``graph_from_module`` names them; otherwise the ONNX node names (leading ``/``
+dropped), ``:k`` appended to repeats.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
         "sigprop.client.onnx needs the onnx package, which is not installed: pip install 'sigprop[onnx]'"
     ) from _exc
 
+import ast
 import math
 import os
 import re
@@ -92,6 +97,29 @@ class _Unsupported(Exception):
 class _Val:
     gid: str
     factor: float = 1.0
+
+
+# torch classes whose calls torch.fx keeps as one call_module node (its default leaf modules, and
+# sigprop's own): graph_from_module names their ops after the module path
+_LEAF_PREFIXES = ("torch.nn.", "torch.ao.nn.", "sigprop.client.torch.")
+_CONTAINERS = {"torch.nn.modules.container.Sequential"}
+
+
+def _torch_id(node) -> str | None:
+    """The id ``graph_from_module`` gives the torch op behind ``node``, from the scopes the dynamo exporter
+    writes in its metadata (``['', 'blocks', 'blocks.0', 'add']``, each with its class); None without them."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    try:
+        scopes = ast.literal_eval(meta["pkg.torch.onnx.name_scopes"])
+        classes = ast.literal_eval(meta["pkg.torch.onnx.class_hierarchy"])
+    except (KeyError, ValueError, SyntaxError):
+        return None
+    if not isinstance(scopes, list) or not isinstance(classes, list) or len(scopes) != len(classes) or not scopes:
+        return None
+    owner = str(classes[-2]) if len(classes) > 2 else ""  # the innermost submodule the op runs in
+    if owner.startswith(_LEAF_PREFIXES) and owner not in _CONTAINERS:
+        return str(scopes[-2]) or None  # a leaf module's own op: its path
+    return str(scopes[-1]) or None  # an op written in forward: its node's name
 
 
 def _attrs(node) -> dict:
@@ -210,12 +238,14 @@ class _Importer:
             data = [n for n in node.input if n in self.vals]
             if not data:  # computed from constants and shapes only: off the data path
                 continue
-            name = node.name or (node.output[0] if node.output else f"{node.op_type}_{k}")
+            raw = node.name or (node.output[0] if node.output else f"{node.op_type}_{k}")
+            name = _torch_id(node) or raw
             try:
                 self.visit(node, name, data)
             except _Unsupported as exc:
+                where = f"'{raw}' ({node.op_type}" + (f", '{name}' in the torch model)" if name != raw else ")")
                 raise SigpropError(
-                    "unsupported_op", f"ONNX node '{name}' ({node.op_type}) is not supported: {exc.why}", exc.hint
+                    "unsupported_op", f"ONNX node {where} is not supported: {exc.why}", exc.hint
                 ) from None
         if len(g.output) != 1 or g.output[0].name not in self.vals:
             raise SigpropError(
@@ -537,9 +567,9 @@ def graph_from_onnx(model_or_path, *, keep_fn: bool = False, assumptions: str = 
     ``model_or_path``: an ``onnx.ModelProto``, its serialized bytes, or a file path. The input needs a
     fixed shape (the batch dimension may be symbolic). ``keep_fn`` and ``assumptions`` are those of
     ``sigprop.client.torch.graph_from_module``; the graph of a ``torch.onnx.export`` of a model equals
-    ``graph_from_module``'s up to node ids (the same request key), save for dropout, which an export
-    in eval mode leaves out. See the module docstring for the ops covered; anything else raises
-    ``SigpropError("unsupported_op")`` naming the op type and the node.
+    ``graph_from_module``'s (the same request key; with the default exporter, the same ids for module
+    calls), save for dropout, which an export in eval mode leaves out. See the module docstring for the
+    ops covered; anything else raises ``SigpropError("unsupported_op")`` naming the op type and the node.
     """
     if assumptions not in ("strict", "warn"):
         raise ValueError("assumptions must be 'strict' or 'warn'")

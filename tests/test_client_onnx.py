@@ -95,6 +95,45 @@ def test_torch_export_has_the_request_key_of_graph_from_module(build, shape, tmp
             assert np.array_equal(inits[p["bias"]], m.bias.detach().numpy())
 
 
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Tanh(), nn.Linear(8, 8))
+
+    def forward(self, x):
+        return x + self.f(x)
+
+
+class _Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.blocks = nn.Linear(4, 8), nn.Sequential(_Block(), _Block())
+        self.act, self.mid, self.head = nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.act(self.mid(self.act(self.blocks(self.stem(x))))))  # self.act called twice
+
+
+@pytest.mark.parametrize(
+    "build", [lambda: nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2, bias=False)), _Nested]
+)
+def test_dynamo_export_ids_are_the_module_paths_graph_from_module_gives(build):
+    """The default exporter names nodes node_linear_1; its metadata keeps the module path, which the ids
+    are (``0``, ``blocks.0.f.1``, ``act:1`` for a second call), as are the params' keys; function
+    calls keep their node's name (``add``). The input is the ONNX input's name."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model, x = build().eval(), torch.randn(2, 4)
+    graph, params = graph_from_onnx(_export(model, x, dynamo=True))
+    ids = [nd["id"] for nd in graph["nodes"]]
+    want = [nd["id"] for nd in graph_from_module(model, x)["nodes"]]
+    assert ids[1:] == want[1:] and len(set(ids)) == len(ids), (ids, want)
+    layers = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert list(params) == layers
+    if build is _Nested:
+        assert {"blocks.0.f.1", "blocks.1.f.0", "add", "add_1", "act", "act:1"} <= set(ids)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("build, shape", [(mlp, (2, 1, 8, 8)), (PreActResNet, (2, 3, 8, 8))])
 def test_dynamo_export_has_the_same_request_key(build, shape):
