@@ -29,6 +29,7 @@ from jax.extend.core import Literal
 
 from ..schemas.errors import SigpropError
 from ..schemas.graph import unsupported_note
+from .adapters import check_assumptions, finish_graph
 from .jax_activations import activation_fn  # the catalogue's exact phi
 from .jax_sequence import ATTENTION_HINT, dense_on_tokens, sequence_step, settle, written_out_attention
 
@@ -537,18 +538,6 @@ def extract_flax(module, variables, example_input, *, allow_unsupported: bool = 
     return FlaxExtraction(graph, w.mapping, w.values, w.warnings)
 
 
-def _structure_check(graph: dict, assumptions: str) -> None:
-    """The service's structure rules, as ``graph_from_module`` applies them."""
-    import warnings
-
-    from ..schemas.graph import Graph
-    from ..schemas.structure import check_structure, wire_structure
-
-    ids, report = wire_structure(Graph.model_validate(graph))
-    for note in check_structure(ids, report, assumptions):
-        warnings.warn(note, stacklevel=3)
-
-
 def _variables(module, variables, example_input):
     if variables is not None:
         return variables
@@ -584,12 +573,12 @@ def graph_from_flax(
     """
     import warnings
 
-    if assumptions not in ("strict", "warn"):
-        raise ValueError("assumptions must be 'strict' or 'warn'")
+    check_assumptions(assumptions)
     ext = extract_flax(
         module, _variables(module, variables, example_input), example_input, allow_unsupported=allow_unsupported
     )
     for note in ext.warnings:
         warnings.warn(note, stacklevel=2)
-    _structure_check(ext.graph, assumptions)
+    # a Flax graph names no function (apply_to_params cannot change the model's), so no keep_fn
+    finish_graph(ext.graph, (), keep_fn=False, assumptions=assumptions)
     return ext.graph, ext.mapping

@@ -45,8 +45,6 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
 import ast
 import math
 import os
-import re
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,12 +53,11 @@ from ..schemas.activations import SELU_ALPHA, SELU_LAMBDA
 from ..schemas.errors import SigpropError
 from ..schemas.graph import Graph
 from ..schemas.shapes import infer_shapes
-from ..schemas.structure import check_structure, wire_structure
+from .adapters import Unsupported, check_assumptions, clean_id, finish_graph
 from .scaled_sums import ScaledSums
 
 __all__ = ["graph_from_onnx"]
 
-_ID_BAD = re.compile(r"[^A-Za-z0-9_.:\-/\[\]]")
 _HINT = (
     "the graph covers Gemm/MatMul+Add, Conv, catalogue activations, Add/Sum/Mul-by-constant, Concat, pooling, "
     "Flatten/Reshape, Dropout and Identity: export the model without the op, or write the graph by hand"
@@ -87,10 +84,8 @@ _NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "Ins
 _SELU = (SELU_ALPHA, SELU_LAMBDA)  # ONNX's default alpha and gamma are the catalogue's selu
 
 
-class _Unsupported(Exception):
-    def __init__(self, why: str, hint: str = _HINT):
-        super().__init__(why)
-        self.why, self.hint = why, hint
+class _Unsupported(Unsupported):
+    default_hint = _HINT
 
 
 @dataclass
@@ -188,7 +183,7 @@ class _Importer:
         self.skip: set[int] = set()  # ids of nodes already folded into another (a MatMul's bias Add)
 
     def new_id(self, raw: str) -> str:
-        base = (_ID_BAD.sub("_", raw.lstrip("/")) or "node")[:128]
+        base = clean_id(raw.lstrip("/"))
         gid, k = base, 1
         while gid in self.used:
             gid, k = f"{base}:{k}", k + 1
@@ -571,8 +566,7 @@ def graph_from_onnx(model_or_path, *, keep_fn: bool = False, assumptions: str = 
     calls), save for dropout, which an export in eval mode leaves out. See the module docstring for the
     ops covered; anything else raises ``SigpropError("unsupported_op")`` naming the op type and the node.
     """
-    if assumptions not in ("strict", "warn"):
-        raise ValueError("assumptions must be 'strict' or 'warn'")
+    check_assumptions(assumptions)
     model = _load(model_or_path)
     try:
         model = shape_inference.infer_shapes(model)
@@ -586,14 +580,6 @@ def graph_from_onnx(model_or_path, *, keep_fn: bool = False, assumptions: str = 
         if nd["op"] == "activation" and keep_fn:
             nd["fn"] = imp.entries[nd["id"]]["fn"]
     _check(graph, imp)
-    own = sorted({e["fn"] for e in imp.entries.values() if e["op"] == "activation"})
-    if len(own) > 1 and not keep_fn:
-        warnings.warn(
-            f"the model uses several activation functions ({', '.join(own)}); without keep_fn=True the graph names "
-            "none, so a solve transforms every activation as the request's one function",
-            stacklevel=2,
-        )
-    ids, report = wire_structure(Graph.model_validate(graph))
-    for note in check_structure(ids, report, assumptions):
-        warnings.warn(note, stacklevel=2)
+    fns = (e["fn"] for e in imp.entries.values() if e["op"] == "activation")
+    finish_graph(graph, fns, keep_fn=keep_fn, assumptions=assumptions)
     return graph, imp.params

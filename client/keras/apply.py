@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import keras
 import numpy as np
 
 from ...schemas.activations import canonical_name
 from ...schemas.solve import LayerInit, Solution
+from .. import adapters
 from ..solution import as_solution
 from .extraction import Extraction, extract
 from .layers import TransformedActivation, WeightedSum
@@ -27,38 +27,9 @@ from .layers import TransformedActivation, WeightedSum
 __all__ = ["apply", "ApplyReport", "kernel_init"]
 
 
-@dataclass
-class ApplyReport:
-    """What :func:`apply` changed and what it could not do. ``model`` is the solved clone."""
-
-    model: object
-    method: str
-    activation: str
-    activations: list[str] = field(default_factory=list)  # "<id>: <was> -> <now>"
-    layers: list[str] = field(default_factory=list)  # "<id>: <distribution>, gain g, bias b"
-    sums: list[str] = field(default_factory=list)
-    missing_layers: list[str] = field(default_factory=list)  # answer layer ids with no layer in the model
-    uninitialized: list[str] = field(default_factory=list)  # layers with a kernel the answer did not cover
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        return not self.missing_layers and not self.uninitialized
-
-    def summary(self) -> str:
-        lines = [
-            f"sigprop apply ({self.method}, {self.activation}): {len(self.activations)} activation(s) transformed, "
-            f"{len(self.layers)} layer(s) re-initialized, {len(self.sums)} add(s) rewritten"
-        ]
-        lines += [f"  activation {a}" for a in self.activations]
-        lines += [f"  layer {a}" for a in self.layers]
-        lines += [f"  sum {a}" for a in self.sums]
-        lines += [f"  MISSING: answer layer '{i}' has no layer in the model" for i in self.missing_layers]
-        lines += [f"  NOT INITIALIZED: {m}" for m in self.uninitialized]
-        lines += [f"  note: {n}" for n in self.notes]
-        lines += [f"  warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
+class ApplyReport(adapters.ApplyReport):
+    """What :func:`apply` changed and what it could not do. ``model`` is the solved clone; each
+    change is a line: ``"<id>: <was> -> <now>"``, ``"<id>: <distribution>, gain g, bias b"``."""
 
 
 def _uniform_orthogonal(rng: np.random.Generator, n_rows: int, n_cols: int) -> np.ndarray:

@@ -12,7 +12,6 @@ cannot express is refused by its name and type: nothing is passed through.
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -22,14 +21,14 @@ from ...schemas.activations import ACTIVATION_NAMES
 from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
-from ...schemas.structure import check_structure, wire_structure
+from ..adapters import Unsupported as _Unsupported
+from ..adapters import check_assumptions, clean_id, finish_graph
 from ..scaled_sums import ScaledSums
 from .layers import WeightedSum, activation_of
 
 __all__ = ["graph_from_keras", "extract", "Entry", "Extraction"]
 
 L = keras.layers
-_ID_BAD = re.compile(r"[^A-Za-z0-9_.:\-/\[\]]")
 _DROPOUTS = (L.Dropout, L.SpatialDropout1D, L.SpatialDropout2D)
 _POOLS = {L.MaxPooling1D: "max_pool", L.MaxPooling2D: "max_pool", L.AveragePooling1D: "avg_pool"}
 _POOLS[L.AveragePooling2D] = "avg_pool"
@@ -51,10 +50,8 @@ _NORM_HINT = (
 )
 
 
-class Unsupported(Exception):
-    def __init__(self, why: str, hint: str = _UNSUPPORTED_HINT):
-        super().__init__(why)
-        self.why, self.hint = why, hint
+class Unsupported(_Unsupported):
+    default_hint = _UNSUPPORTED_HINT
 
 
 def _unknown_activation(exc: ValueError) -> Unsupported:
@@ -95,10 +92,6 @@ class _Val:
     gid: str
     factor: float = 1.0
     via: int | None = None  # id() of the Keras tensor carrying the scaled value
-
-
-def _clean_id(raw: str) -> str:
-    return (_ID_BAD.sub("_", raw) or "node")[:128]
 
 
 def _contract_shape(shape, what: str) -> list[int]:
@@ -233,7 +226,7 @@ class _Walker:
         self.prefix = ""  # "<model>/" inside a nested model
 
     def new_id(self, raw: str) -> str:
-        base = _clean_id(raw)
+        base = clean_id(raw)
         gid, k = base, 1
         while gid in self.used:
             gid, k = f"{base}:{k}", k + 1
@@ -555,8 +548,7 @@ def graph_from_keras(model, *, keep_fn: bool = False, assumptions: str = "strict
     nodes carry the model's ``fn`` only with ``keep_fn=True``, and the graph is checked against the
     kernel theory's structure rules (``"warn"`` warns instead of raising).
     """
-    if assumptions not in ("strict", "warn"):
-        raise ValueError("assumptions must be 'strict' or 'warn'")
+    check_assumptions(assumptions)
     ext = extract(model)
     for note in ext.warnings:
         warnings.warn(note, stacklevel=2)
@@ -565,15 +557,6 @@ def graph_from_keras(model, *, keep_fn: bool = False, assumptions: str = "strict
         for nd in graph["nodes"]:
             if nd["op"] == "activation":
                 nd["fn"] = ext.entries[nd["id"]].fn
-    else:
-        own = sorted({e.fn for e in ext.entries.values() if e.op == "activation"})
-        if len(own) > 1:
-            warnings.warn(
-                f"the model uses several activation functions ({', '.join(own)}); without keep_fn=True the graph "
-                "names none, so a solve transforms every activation as the request's one function",
-                stacklevel=2,
-            )
-    ids, report = wire_structure(Graph.model_validate(graph))
-    for note in check_structure(ids, report, assumptions):
-        warnings.warn(note, stacklevel=2)
+    fns = (e.fn for e in ext.entries.values() if e.op == "activation")
+    finish_graph(graph, fns, keep_fn=keep_fn, assumptions=assumptions)
     return graph

@@ -9,7 +9,6 @@ what was treated as the identity (:class:`Extraction`, defined with the trace a 
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import torch
 import torch.fx
@@ -19,7 +18,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from ...schemas.errors import SigpropError
 from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
-from ...schemas.structure import check_structure, wire_structure
+from ..adapters import check_assumptions, finish_graph
 from .attention import ShapedAttention
 from .modules import NormalizedSum, TransformedActivation
 from .ops import NotYet, hand_written_attention, sequence_module
@@ -223,19 +222,8 @@ def graph_from_module(
     trace, which ``apply(model, sol, graph=graph)`` reuses instead of tracing ``model`` again
     (while ``model`` is made of the same modules); its copies and pickles are plain dicts.
     """
-    if assumptions not in ("strict", "warn"):
-        raise ValueError("assumptions must be 'strict' or 'warn'")
+    check_assumptions(assumptions)
     ext = extract(model, example_input, allow_unsupported, keep_fn)
-    graph = ext.graph
-    own = sorted({e.fn for e in ext.entries.values() if e.op == "activation" and e.fn})
-    if len(own) > 1 and not keep_fn:
-        warnings.warn(
-            f"the model uses several activation functions ({', '.join(own)}); without keep_fn=True the "
-            "graph names none, so a solve transforms every activation as the request's one function. "
-            "Pass keep_fn=True to solve each function with its own parameters",
-            stacklevel=2,
-        )
-    ids, report = wire_structure(Graph.model_validate(graph))
-    for note in check_structure(ids, report, assumptions):
-        warnings.warn(note, stacklevel=2)
-    return TracedGraph(graph, Trace.of(ext, model, example_input.shape[1:]), model)
+    fns = (e.fn for e in ext.entries.values() if e.op == "activation")
+    finish_graph(ext.graph, fns, keep_fn=keep_fn, assumptions=assumptions)
+    return TracedGraph(ext.graph, Trace.of(ext, model, example_input.shape[1:]), model)

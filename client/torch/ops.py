@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...schemas.activations import ACTIVATION_NAMES
+from .. import adapters
 from .modules import ACT_MODULES, NormalizedSum, TransformedActivation
 
 __all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module", "hand_written_attention"]
@@ -132,13 +133,10 @@ def _arg(node: torch.fx.Node, index: int, name: str, default=None):
     return node.kwargs.get(name, default)
 
 
-class Unsupported(Exception):
+class Unsupported(adapters.Unsupported):
     """An op the graph cannot express: ``why`` says what it is, ``hint`` what to do."""
 
-    def __init__(self, why: str, hint: str = _UNSUPPORTED_HINT):
-        super().__init__(why)
-        self.why = why
-        self.hint = hint
+    default_hint = _UNSUPPORTED_HINT
 
 
 def _unknown_activation(name: str) -> Unsupported:

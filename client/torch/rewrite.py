@@ -16,6 +16,7 @@ from torch import nn
 from ...schemas.activations import canonical_name
 from ...schemas.errors import SigpropError
 from ...schemas.solve import LayerInit, Solution
+from .. import adapters
 from ..calibration import Calibration, answer_uncovered, measured_nodes
 from .calibrate import calibrate_model
 from .extraction import Entry, Extraction
@@ -31,6 +32,9 @@ class ActivationChange:
     was: str  # what it replaced, e.g. "ReLU module 'net.1'"
     now: str  # repr of the transformed activation
 
+    def __str__(self) -> str:
+        return f"{self.id}: {self.was} -> {self.now}"
+
 
 @dataclass
 class LayerChange:
@@ -44,6 +48,10 @@ class LayerChange:
     bias_variance: float = 0.0
     alpha: float | None = None  # conditioning multiplier inserted after the layer (geometric)
 
+    def __str__(self) -> str:
+        alpha = f", alpha {self.alpha:.6g}" if self.alpha is not None else ""
+        return f"{self.id} ({self.module}): {self.distribution}, gain {self.gain:.6g}, bias {self.bias}{alpha}"
+
 
 @dataclass
 class SumChange:
@@ -56,52 +64,22 @@ class SumChange:
     # answer: shared atoms) or "jacobian.recommended"
     source: str = "graph"
 
+    def __str__(self) -> str:
+        now = self.residual_beta or f"weights {[round(w, 6) for w in self.weights]}"
+        return f"{self.id}: {self.was} -> {now}" + (f" ({self.source})" if self.source != "graph" else "")
+
 
 @dataclass
-class ApplyReport:
-    """What ``apply`` changed and what it could not do. ``model`` is the rewritten GraphModule."""
+class ApplyReport(adapters.ApplyReport):
+    """What ``apply`` changed and what it could not do. ``model`` is the rewritten GraphModule;
+    ``activations``, ``layers`` and ``sums`` hold :class:`ActivationChange`, :class:`LayerChange` and
+    :class:`SumChange` records."""
 
-    model: nn.Module
-    method: str
-    activation: str
     residual: str = "graph"  # the residual adds' weights: "graph" (as solved) or "recommended" (jacobian)
-    activations: list[ActivationChange] = field(default_factory=list)
-    layers: list[LayerChange] = field(default_factory=list)
-    sums: list[SumChange] = field(default_factory=list)
-    missing_layers: list[str] = field(default_factory=list)  # answer layer ids with no module in the model
-    uninitialized: list[str] = field(default_factory=list)  # modules with parameters the answer did not cover
     calibrations: list[Calibration] = field(default_factory=list)  # ops measured on example_input
-    notes: list[str] = field(default_factory=list)  # things the caller must do (input scale, ...)
-    warnings: list[str] = field(default_factory=list)
 
-    @property
-    def complete(self) -> bool:
-        """True when every answer layer was applied and every parametrized module was covered."""
-        return not self.missing_layers and not self.uninitialized
-
-    def summary(self) -> str:
-        lines = [
-            f"sigprop apply ({self.method}, {self.activation}): {len(self.activations)} activation(s) "
-            f"transformed, {len(self.layers)} layer(s) re-initialized, {len(self.sums)} add(s) rewritten"
-        ]
-        lines += [f"  activation {c.id}: {c.was} -> {c.now}" for c in self.activations]
-        lines += [
-            f"  layer {c.id} ({c.module}): {c.distribution}, gain {c.gain:.6g}, bias {c.bias}"
-            + (f", alpha {c.alpha:.6g}" if c.alpha is not None else "")
-            for c in self.layers
-        ]
-        lines += [
-            f"  sum {c.id}: {c.was} -> "
-            + (c.residual_beta or f"weights {[round(w, 6) for w in c.weights]}")
-            + (f" ({c.source})" if c.source != "graph" else "")
-            for c in self.sums
-        ]
-        lines += [f"  calibrated {c.describe()}" for c in self.calibrations]
-        lines += [f"  MISSING: answer layer '{i}' has no module in the model" for i in self.missing_layers]
-        lines += [f"  NOT INITIALIZED: {m}" for m in self.uninitialized]
-        lines += [f"  note: {n}" for n in self.notes]
-        lines += [f"  warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
+    def _extra_lines(self) -> list[str]:
+        return [f"  calibrated {c.describe()}" for c in self.calibrations]
 
 
 def _example_from_graph(graph: dict, model: nn.Module) -> torch.Tensor:

@@ -6,7 +6,6 @@ extraction use.
 from __future__ import annotations
 
 import math
-import re
 import warnings
 
 import torch
@@ -15,22 +14,11 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from ...schemas.errors import SigpropError
 from ...schemas.graph import unsupported_note
+from ..adapters import clean_id
 from .ops import NotYet, Unsupported, classify, describe
 from .traced import Entry
 
 __all__ = ["Walker", "clean_id", "tensor_shape"]
-
-_ID_BAD = re.compile(r"[^A-Za-z0-9_.:\-/\[\]]")
-_ID_MAX = 128
-
-
-def clean_id(raw: str) -> str:
-    s = _ID_BAD.sub("_", raw) or "node"
-    if len(s) > _ID_MAX:
-        import hashlib
-
-        s = s[: _ID_MAX - 9] + "-" + hashlib.sha1(raw.encode()).hexdigest()[:8]
-    return s
 
 
 def tensor_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
