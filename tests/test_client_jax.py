@@ -194,6 +194,8 @@ def _check_appendix_e1(solution: Solution, depth: int, n_nets: int) -> dict:
     return summary
 
 
+# -m slow: 39 s loaded; the Flax MLP diagnose tests and the torch depth-50 MLP cover it by default
+@pytest.mark.slow
 def test_trelu_mlp_depth_50_matches_the_answer(trelu):
     """TReLU, eta = 0.9: the global C map at 0 is eta; the empirical network follows it (E.1)."""
     assert trelu.negative_slope is not None and trelu.output_scale is not None

@@ -112,6 +112,8 @@ def test_flax_mlp_graph_mapping_apply_and_diagnose():
     assert sjax.diagnose((model, variables), sol, x).max_q_error(("activation",)) > 0.3
 
 
+# -m slow: 40 s loaded, mostly XLA compiles; sums are also checked by the concatenation and unnormalized-add tests
+@pytest.mark.slow
 def test_flax_preactivation_resnet_sums_and_nested_paths():
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 8, 8, 8))
     model = ResNet()

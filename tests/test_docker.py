@@ -198,6 +198,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# -m slow: a fresh venv and pip install of the [server] extra (165 s loaded): .ci/run installs for real on every run
+@pytest.mark.slow
 def test_api_image_install_and_start_commands_serve_readyz(tmp_path):
     # The commands, exactly as the Dockerfile has them.
     pip_runs = [rest for kw, rest in instructions(API_DOCKERFILE) if kw == "RUN" and "pip install" in rest]

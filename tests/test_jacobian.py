@@ -136,6 +136,8 @@ def test_resnet_monte_carlo_figure_2():
     assert 1 / 3 < rel_var[16] / rel_var[4] < 3, rel_var
 
 
+# -m slow: heavy Monte Carlo (30 s loaded); the ResNet figure-2 test runs by default
+@pytest.mark.slow
 def test_densenet_monte_carlo_figure_2():
     rng = np.random.default_rng(11)
     depths = (2, 4, 8, 16)

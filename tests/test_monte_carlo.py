@@ -126,6 +126,8 @@ def check_trelu(ans, cs, qs, eta, tol):
     assert abs(ratio.std() / expected_sd - 1.0) < 0.25
 
 
+# -m slow: heavy Monte Carlo (40 s loaded); test_monte_carlo_structures checks the TReLU MLP at width 512
+@pytest.mark.slow
 def test_trelu_mlp_empirical_c_values_track_the_c_map():
     """Width 512, depth 50, eta = 0.9: empirical cosine similarities follow C^l(0), output ~ eta."""
     ans, cs, qs = trelu_monte_carlo(nets=3, pairs=16, seed=20240601)

@@ -151,6 +151,8 @@ GRAPHS = {
 # =============================================================================================
 
 
+# -m slow: a training comparison (41 s loaded); the worker's other tests train small runs
+@pytest.mark.slow
 def test_trelu_mlp_depth_50_beats_he_relu_on_digits():
     req, sol = _solve(MLP50, targets={"eta": 0.9})
     calls: list[dict] = []
