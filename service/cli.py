@@ -8,9 +8,11 @@ when they run.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import json
 import os
+import re
 import sys
 
 from . import __version__
@@ -100,10 +102,10 @@ def cmd_serve(args) -> int:
     """The HTTP service (uvicorn); settings come from SIGPROP_* environment variables."""
     if _missing_extra("serve", "server"):
         return 2
-    import os
+    import shutil
     import tempfile
+    import threading
 
-    import uvicorn
     from pydantic import ValidationError
 
     from .settings import Settings
@@ -126,11 +128,15 @@ def cmd_serve(args) -> int:
         print(f"sigprop serve: invalid settings: SIGPROP_API_KEYS: {weak}", file=sys.stderr)
         return 2
 
+    taken = _address_taken(args.host, args.port)
+    if taken:
+        print(f"sigprop serve: cannot listen on {_url(args)}: {taken}", file=sys.stderr)
+        return 2
+
     if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each worker is a process: point prometheus_client at a shared folder so /metrics
         # reports all of them, whichever worker answers.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sigprop-metrics-")
-    from .api.server import uvicorn_options
 
     trusted = ",".join(p.strip() for p in settings.trusted_proxies.split(",") if p.strip())
     if settings.metrics_port:
@@ -139,7 +145,66 @@ def cmd_serve(args) -> int:
         except OSError as exc:
             print(f"sigprop serve: cannot serve /metrics on port {settings.metrics_port}: {exc}", file=sys.stderr)
             return 2
-    print(_listening(args, settings), flush=True)
+    # The ready line waits for every worker to answer (api/serve_ready.py): printed before
+    # uvicorn starts, it sent the first request to a refused connection for seconds.
+    from .api.serve_ready import READY_DIR_ENV, announce_when_ready
+
+    ready_dir = tempfile.mkdtemp(prefix="sigprop-ready-")
+    os.environ[READY_DIR_ENV] = ready_dir
+    _say(_starting(args))
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=announce_when_ready,
+        args=(ready_dir, args.workers, args.host, args.port, _listening(args, settings), stop, _say),
+        name="sigprop-serve-ready",
+        daemon=True,  # a server that never starts must still exit
+    )
+    watcher.start()
+    try:
+        _run_uvicorn(args, trusted)
+    finally:
+        stop.set()
+        watcher.join(5)
+        shutil.rmtree(ready_dir, ignore_errors=True)
+    return 0
+
+
+def _address_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None. With one worker uvicorn binds only after
+    the app's start-up (seconds), and in the meantime the server already on the port (a
+    ``sigprop serve`` started earlier) would answer the ready line's /healthz probe for it."""
+    import socket
+
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return str(exc)
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            if family == socket.AF_INET6:  # as asyncio binds: an IPv4 listener on the port is no clash
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                return str(exc)
+    return None
+
+
+def _say(line: str) -> None:
+    """One write for the line and its newline: the workers log to the same stream, and print()'s
+    two writes (unbuffered, as under PYTHONUNBUFFERED) let a log line land between them."""
+    try:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+    except OSError:  # nobody reads the output any more (a closed pipe): the server serves on regardless
+        pass
+
+
+def _run_uvicorn(args, trusted: str) -> None:
+    import uvicorn
+
+    from .api.server import uvicorn_options
 
     uvicorn.run(
         "sigprop.api.app:create_app",
@@ -155,13 +220,22 @@ def cmd_serve(args) -> int:
         proxy_headers=bool(trusted),
         forwarded_allow_ips=trusted or None,
     )
-    return 0
+
+
+def _url(args) -> str:
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address goes in brackets
+    return f"http://{host}:{args.port}"
+
+
+def _starting(args) -> str:
+    """The line ``sigprop serve`` prints at once: the address, and that it does not answer yet."""
+    workers = f"{args.workers} workers" if args.workers > 1 else "1 worker"
+    return f"sigprop serve: starting on {_url(args)} ({workers}); it answers once it says it listens"
 
 
 def _listening(args, settings=None) -> str:
-    """The line ``sigprop serve`` prints before it serves: where to point a client or a browser."""
-    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address goes in brackets
-    url = f"http://{host}:{args.port}"
+    """The line ``sigprop serve`` prints once every worker answers: where to point a client or a browser."""
+    url = _url(args)
     shown = [
         f"{url}{path}{what}"
         for path, what, on in (
@@ -258,8 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sigprop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser(
+    p = _add_command(
+        sub,
         "solve",
+        cmd_solve,
         help="solve a request offline and print the answer JSON",
         description="Solve a request offline (no server, no Redis) and print the answer POST /v1/solve gives. "
         "The request is a JSON file, stdin (-), or flags: sigprop solve --template mlp --depth 50 "
@@ -268,10 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("request", nargs="?", help="path to a request JSON file, or - for stdin (optional with flags)")
     p.add_argument("--pretty", action="store_true", help="indent the answer JSON (default: one line, as served)")
     add_request_flags(p)
-    p.set_defaults(func=cmd_solve)
 
-    p = sub.add_parser(
+    p = _add_command(
+        sub,
         "serve",
+        cmd_serve,
         help="run the HTTP service (POST /v1/solve and friends)",
         description="Run the HTTP service. Settings come from environment variables (listed below).",
         epilog=settings_help(),
@@ -280,9 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--workers", type=int, default=1, help="API processes (default 1)")
-    p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("worker", help="run a validation-training worker (needs SIGPROP_REDIS_URL)")
+    p = _add_command(sub, "worker", cmd_worker, help="run a validation-training worker (needs SIGPROP_REDIS_URL)")
     p.add_argument("--burst", action="store_true", help="quit once the queue is empty")
     p.add_argument(
         "--queue",
@@ -296,16 +372,43 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="health check: exit 0 when Redis answers and a worker of this host is registered, else 1",
     )
-    p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("schema", help="print a JSON Schema (graph, request or solution)")
+    p = _add_command(sub, "schema", cmd_schema, help="print a JSON Schema (graph, request or solution)")
     p.add_argument("which", choices=["graph", "request", "solution"])
-    p.set_defaults(func=cmd_schema)
     return parser
 
 
+def _add_command(sub, name: str, func, **kwargs) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, **kwargs)
+    p.set_defaults(func=func, command_parser=p)  # main() reports arguments it does not know with its usage
+    return p
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line. argparse reports an argument that no parser took from the top
+    parser, with the list of subcommands for usage (``sigprop solve --activaton tanh``); after a
+    subcommand it belongs to that subcommand, whose usage (and the flag it was likely meant to be)
+    is what helps."""
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    # the top parser's own options take no values, so anything before the subcommand's name is its
+    before = argv[: argv.index(args.command)] if args.command in argv else argv
+    owner = parser if any(arg in before for arg in unknown) else args.command_parser
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    known = re.findall(r"--[A-Za-z][\w-]*", owner.format_usage())
+    for arg in unknown:
+        close = difflib.get_close_matches(arg.partition("=")[0], known, n=1) if arg.startswith("--") else []
+        if close:
+            message += f" (did you mean {close[0]}?)"
+            break
+    owner.error(message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, so a closed pipe is noticed inside the try, not at exit

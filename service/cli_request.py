@@ -13,6 +13,7 @@ import argparse
 import json
 
 from .errors import SigpropError
+from .schemas.graph import TEMPLATE_NAMES
 
 # (flag, target key): the contract's target names, with dashes on the command line
 TARGET_FLAGS = (
@@ -33,7 +34,10 @@ _PARAM_HINT = "write --param NAME=VALUE, VALUE in JSON: --param input_shape=[3,3
 def add_request_flags(p: argparse.ArgumentParser) -> None:
     """The flags that write (or override parts of) a solve request."""
     g = p.add_argument_group("request as flags (override the file's fields when a file is given too)")
-    g.add_argument("--template", help="graph template: mlp, resnet, densenet, cnn (GET /v1/templates lists them)")
+    g.add_argument(
+        "--template",
+        help=f"graph template: {', '.join(TEMPLATE_NAMES)} (GET /v1/templates lists their parameters)",
+    )
     for flag, key in TEMPLATE_FLAGS:
         g.add_argument(flag, type=int, dest=f"t_{key}", metavar="N", help=f"template parameter {key}")
     g.add_argument(
@@ -93,7 +97,7 @@ def _merge_graph(request: dict, args) -> None:
             raise SigpropError(
                 "invalid_request",
                 "template parameters were given as flags, but there is no template to apply them to",
-                "add --template NAME (mlp, resnet, densenet, cnn), or give a request file whose graph is a template",
+                f"add --template NAME ({', '.join(TEMPLATE_NAMES)}), or give a request file whose graph is a template",
             )
         request["graph"] = {**graph, **params}
 

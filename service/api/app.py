@@ -12,6 +12,7 @@ import gc
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from starlette.routing import NoMatchFound
 
 from .. import __version__
 from ..dashboard.router import pages as dashboard_pages
@@ -32,6 +33,7 @@ from .probe_state import ProbeState
 from .proxies import apply_proxy_trust
 from .ratelimit import make_limits
 from .routers import V1_ROUTERS, health
+from .serve_ready import READY, SOLVERS, report
 from .solutions import SolutionService
 from .solve_fastpath import SolveFastPath
 from .validations import make_validations
@@ -50,7 +52,9 @@ async def lifespan(app: FastAPI):
     state = app.state
     await state.offload.untimed(lambda: solve(SolveRequest.model_validate(_WARM_UP)))
     await state.offload.untimed(dashboard_pages)  # the dashboard's templates and static files
+    _build_routes(app)
     if state.solutions.solver is not None:
+        report(SOLVERS)  # the slowest step: `sigprop serve` says what it waits for
         await state.offload.untimed(state.solutions.solver.warm)  # the forkserver imports the engine once
     # What start-up loaded lives as long as the app: out of the cyclic collector's sight (the
     # gc.freeze recipe, as in solver_preload.py), a full collection scans only what requests made.
@@ -62,6 +66,7 @@ async def lifespan(app: FastAPI):
     gc.freeze()
     state.probes.start()  # /readyz's view of the store and the memory gauges, kept fresh by a thread
     state.warm = True
+    report(READY)  # `sigprop serve` says it listens once every worker has (serve_ready.py)
     yield
     state.probes.stop()
     gc.unfreeze()
@@ -71,6 +76,17 @@ async def lifespan(app: FastAPI):
     if state.solutions.solver is not None:
         state.solutions.solver.shutdown()
     state.cache.close()  # with the hot answers' pending hit counts (storage/hot.py)
+
+
+def _build_routes(app: FastAPI) -> None:
+    """FastAPI builds an included router's routes (their parameter and response models) the first
+    time a request walks it: 130 ms, paid by the first request every worker answers, right after
+    `sigprop serve` said it listens. A route name that no route has makes it walk, and build, all
+    of them now."""
+    try:
+        app.url_path_for("sigprop: a name no route has")
+    except NoMatchFound:
+        pass
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
