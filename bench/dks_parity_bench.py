@@ -4,7 +4,7 @@ Run from the repository root: ``.venv/bin/python bench/dks_parity_bench.py`` (ab
 
 For each case: one sigprop ``solve()`` (request validation included) and one
 ``dks.base.activation_transform._get_activations_params`` with the ``subnet_max_func`` written for
-the same network (tests/test_reference_dks_parity.py builds both), each timed once (dks loads its
+the same network (tests/engine/test_reference_dks_parity.py builds both), each timed once (dks loads its
 cached quadrature roots in a warm-up before the first case; sigprop's time includes request
 validation, template expansion and the subnetwork analysis). "max rel" is the largest relative
 difference over the parameters (absolute below 1e-10, for parameters that are 0). For ReLU, and
@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import test_reference_dks_parity as par  # noqa: E402
-from tests.test_reference_dks_mixed import FNS, TARGETS, mixed_graph, solve_mixed  # noqa: E402
+from tests.engine import test_reference_dks_parity as par  # noqa: E402
+from tests.engine.test_reference_dks_mixed import FNS, TARGETS, mixed_graph, solve_mixed  # noqa: E402
 
 KEYS = ("negative_slope", "input_scale", "input_shift", "output_scale", "output_shift")
 

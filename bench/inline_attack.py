@@ -41,7 +41,7 @@ HIT = {"graph": MLP, "method": "tat", "activation": "leaky_relu", "targets": {"e
 def _attack(base: str, stop: threading.Event, counter) -> None:
     with httpx.Client(timeout=60) as c:
         while not stop.is_set():
-            # past tanh's reach by proof (C''(1) < 4 input_scale^2 C'(1); tests/test_inline_lane.py's
+            # past tanh's reach by proof (C''(1) < 4 input_scale^2 C'(1); tests/service/test_inline_lane.py's
             # UNREACHABLE): the root search spends its whole evaluation budget
             tau = 1e8 + next(counter)
             body = {"graph": MLP, "method": "tat", "activation": "tanh", "targets": {"tau": tau}}

@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import Solution, SolveRequest  # noqa: E402
 from tests.dks_reference import load_modified_resnet, mlp_subnet_max_func  # noqa: E402
-from tests.test_availability import ladder  # noqa: E402  (the graph the availability tests refuse or solve)
+from tests.service.test_availability import ladder  # noqa: E402  (the graph the availability tests refuse or solve)
 
 try:
     import dks  # noqa: F401

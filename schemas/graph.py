@@ -227,7 +227,8 @@ class Template(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    template: Literal["mlp", "resnet", "densenet", "cnn", "transformer"]  # TEMPLATE_NAMES (tests/test_templates.py)
+    # TEMPLATE_NAMES (tests/engine/test_templates.py)
+    template: Literal["mlp", "resnet", "densenet", "cnn", "transformer"]
     depth: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     width: PositiveInt | None = None
     input_shape: list[PositiveInt] | None = Field(default=None, min_length=1, max_length=3)

@@ -1,10 +1,10 @@
 """Valid graphs built to make a solver's work grow faster than its input (issue 26): the shapes
-that were quadratic, or could be, for one method or another. Shared by tests/test_cost.py and
+that were quadratic, or could be, for one method or another. Shared by tests/service/test_cost.py and
 bench/cost_bench.py, which time every method on each."""
 
 from __future__ import annotations
 
-from .test_availability import ladder as input_ladder
+from .service.test_availability import ladder as input_ladder
 
 __all__ = [
     "deep_chain",

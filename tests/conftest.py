@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The docs, the dashboard and /metrics are off by default on the API port (api/exposure.py); the
-# tests that use them build apps in this process, whose settings read these. tests/test_exposure.py
+# tests that use them build apps in this process, whose settings read these. tests/service/test_exposure.py
 # checks the defaults with explicit settings.
 for _surface in ("DOCS", "DASHBOARD", "METRICS"):
     os.environ.setdefault(f"SIGPROP_EXPOSE_{_surface}", "true")

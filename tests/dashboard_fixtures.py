@@ -1,4 +1,4 @@
-"""Helpers shared by the dashboard tests (tests/test_dashboard.py, tests/test_dashboard_browser.py)
+"""Helpers shared by the dashboard tests (tests/service/test_dashboard.py, tests/e2e/test_dashboard_browser.py)
 and bench/dashboard_bench.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A schemathesis check (loaded through SCHEMATHESIS_HOOKS by tests/test_schemathesis.py): a
+"""A schemathesis check (loaded through SCHEMATHESIS_HOOKS by tests/e2e/test_schemathesis.py): a
 request the OpenAPI schema calls valid may be refused only for what no JSON Schema can say.
 
 schemathesis's own ``positive_data_acceptance`` counts statuses, and a solve or a validation must

@@ -1,4 +1,4 @@
-"""Torch sequence models a new user brings, for tests/test_error_messages.py's refusals: attention the
+"""Torch sequence models a new user brings, for tests/service/test_error_messages.py's refusals: attention the
 sequence graph cannot hold, attention written out by hand, and a GPT-2-shaped stand-in for
 HuggingFace's GPT2Model (``transformers`` is not a dependency). Import after
 ``pytest.importorskip("torch")``."""

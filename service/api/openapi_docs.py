@@ -145,7 +145,7 @@ def document_operations(schema: dict) -> None:
         for method, op in ops.items():
             entry = OPERATIONS.get((method, path))
             if entry is None:
-                continue  # tests/test_openapi.py fails on an operation missing from the table
+                continue  # tests/service/test_openapi.py fails on an operation missing from the table
             summary, description, curl, body = entry
             op["summary"], op["description"] = summary, description
             op["x-codeSamples"] = [{"lang": "Shell", "label": "curl", "source": curl}]

@@ -146,7 +146,7 @@ def form_catalog() -> dict:
         },
         "geometric": {"label": "geometric · GR scaling", "activations": ["relu", "leaky_relu"], "targets": {"*": []}},
     }
-    # tests/test_dashboard.py checks these are exactly the engine's methods (METHOD_TARGETS)
+    # tests/service/test_dashboard.py checks these are exactly the engine's methods (METHOD_TARGETS)
     return {"methods": methods, "templates": describe_templates()}
 
 

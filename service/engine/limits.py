@@ -23,7 +23,7 @@ DEFAULT_MAX_SEQ_LEN = 65_536  # SIGPROP_MAX_SEQ_LEN's default: T, which only the
 # 100-block transformers (TAT and DKS, with and without shortcuts): 1.6, 3.6, 7.4 and 18 ms a block
 # at K = 16, 64, 128 and 256. The deepest transformer template the budget admits (width 64, 4 heads,
 # shortcuts, TAT softplus: 1,260, 1,066, 625 and 174 blocks) solves in 2.2, 3.8, 3.7 and 2.6 s
-# (tests/test_transformer_solve.py, slow); a 72-block transformer at T >= 256 costs 2.3e9.
+# (tests/engine/test_transformer_solve.py, slow); a 72-block transformer at T >= 256 costs 2.3e9.
 TOKEN_NODE_PRICE = 3 << 17
 TOKEN_PAIR_PRICE = 12
 DEFAULT_MAX_TOKEN_WORK = 5_000_000_000

@@ -21,7 +21,7 @@ and tested as equal to ``serial``: ``GeneralProgram`` for any DAG (the dominator
 ``subnetworks``), and ``ChainProgram`` for a chain (node k reads node k - 1: an MLP, a plain CNN),
 which runs a running value instead of a table of node values and answers the maximizations in
 closed form where a monotonicity argument allows, each argument written once next to its shortcut.
-``compile_program`` picks one; no method asks which it has. ``tests/test_program_contract.py``
+``compile_program`` picks one; no method asks which it has. ``tests/engine/test_program_contract.py``
 compares whole answers over both.
 
 Kernels that are not a scalar per input pair (next: T x T token kernels for attention) fit the
