@@ -6,6 +6,7 @@ unless the environment says otherwise (this must run before numpy is imported).
 """
 
 import os
+import sys
 
 import pytest
 
@@ -26,6 +27,21 @@ def pytest_cmdline_main(config):
     (``--dist`` is xdist's own flag)."""
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
         config.option.dist = "loadfile"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_on_one_thread():
+    """PyTorch on one intra-op thread in the modules that use it: small matrices on a 2-core
+    machine that the suite's two workers share, where one thread is fastest and deterministic. A
+    module that never imported torch is left alone, so this costs the others no torch import."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -8,6 +8,7 @@ must call ``stop()`` (the test modules do so in fixture finalizers).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,6 +245,20 @@ def start_service(
 
 
 # -- Redis --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def running_service(tmp_dir: Path, env: dict[str, str | None] | None = None, **kwargs) -> Iterator[Service]:
+    """The server most test modules start: ``sigprop serve`` on the embedded store in ``tmp_dir``
+    (no Redis unless ``env`` names one), ``env`` on top, stopped on exit; ``kwargs`` go to
+    :func:`start_service`."""
+    svc = start_service(
+        tmp_dir, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp_dir / "data"), **(env or {})}, **kwargs
+    )
+    try:
+        yield svc
+    finally:
+        svc.stop()
 
 
 def shared_redis_or_skip(url: str = SHARED_REDIS_URL):

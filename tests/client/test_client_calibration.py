@@ -31,14 +31,6 @@ from sigprop.schemas.solve import SolveRequest  # noqa: E402
 from ..torchvision_style import resnet18  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def max_of_n_mean_square(n: int) -> float:
     """E[M^2] for M the maximum of n independent standard normals (quadrature)."""
     value, _ = integrate.quad(lambda x: x * x * n * stats.norm.pdf(x) * stats.norm.cdf(x) ** (n - 1), -12, 12)

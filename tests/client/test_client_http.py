@@ -25,7 +25,7 @@ import sigprop.client.http as client_http
 from sigprop.client import AsyncClient, Client, SigpropError, Solution
 from sigprop.schemas import Graph, SolveRequest, Targets, Template
 
-from ..service_fixtures import LOOPBACK, free_port, start_service
+from ..service_fixtures import LOOPBACK, free_port, running_service, start_service
 
 API_KEYS = "client-key-one-0123456789,client-key-two-0123456789"
 GOOD_KEY = "client-key-two-0123456789"
@@ -33,12 +33,8 @@ GOOD_KEY = "client-key-two-0123456789"
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("svc-client")
-    svc = start_service(
-        tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": API_KEYS}
-    )
-    yield svc
-    svc.stop()
+    with running_service(tmp_path_factory.mktemp("svc-client"), {"SIGPROP_API_KEYS": API_KEYS}) as svc:
+        yield svc
 
 
 @pytest.fixture

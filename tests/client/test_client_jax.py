@@ -30,7 +30,7 @@ from sigprop.client import jax as sjax  # noqa: E402
 from sigprop.engine.activations import ACTIVATION_NAMES, get_activation, transformed  # noqa: E402
 from sigprop.schemas import LayerInit, Solution  # noqa: E402
 
-from ..service_fixtures import start_service  # noqa: E402
+from ..service_fixtures import running_service  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
@@ -44,10 +44,8 @@ N_PAIRS = 128  # input pairs per network
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("client-jax")
-    svc = start_service(tmp, {"SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_REDIS_URL": None})
-    yield svc
-    svc.stop()
+    with running_service(tmp_path_factory.mktemp("client-jax")) as svc:
+        yield svc
 
 
 def mlp_graph(depth: int, d_in: int = D_IN, width: int = WIDTH) -> dict:

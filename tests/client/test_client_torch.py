@@ -30,28 +30,17 @@ from sigprop.client.torch import ApplyReport, NormalizedSum, TransformedActivati
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import Solution  # noqa: E402
 
-from ..service_fixtures import start_service  # noqa: E402
+from ..service_fixtures import running_service  # noqa: E402
 
 C_TOL = 0.05
 Q_TOL = 0.10
 TIMINGS: dict[str, float] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small matrices on a 2-core machine: one intra-op thread is fastest and deterministic."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("svc-torch")
-    svc = start_service(tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data")})
-    yield svc
-    svc.stop()
+    with running_service(tmp_path_factory.mktemp("svc-torch")) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

@@ -47,14 +47,6 @@ LOGITS_Q_TOL, LOGITS_C_TOL = 0.5, 0.2
 PAIRS = 32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _averaged(runs: list[Diagnosis]) -> Diagnosis:
     """The first run's predictions with the empirical figures averaged over all runs."""
     first = runs[0]

@@ -15,7 +15,7 @@ from sigprop.client import AsyncClient, Client, SigpropError
 from sigprop.schemas.validation import ValidationJob, ValidationRequest
 
 from ..fake_training import write_fake_datasets
-from ..service_fixtures import start_service
+from ..service_fixtures import running_service
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_CLI = "tests.fake_sigprop"  # `sigprop` with the sleep-only trainer
@@ -26,17 +26,13 @@ GRAPH = {"template": "mlp", "depth": 3, "width": 8}
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("svc-client-val")
     env = {
         "SIGPROP_API_KEYS": KEY,
         "PYTHONPATH": str(ROOT),  # the service imports tests.fake_training
-        "SIGPROP_REDIS_URL": None,
-        "SIGPROP_DATA_DIR": str(tmp / "data"),
         "SIGPROP_DATASETS_DIR": write_fake_datasets(tempfile.mkdtemp(prefix="sigprop-client-datasets-")),
     }
-    svc = start_service(tmp, env, cli=FAKE_CLI)
-    yield svc
-    svc.stop()
+    with running_service(tmp_path_factory.mktemp("svc-client-val"), env, cli=FAKE_CLI) as svc:
+        yield svc
 
 
 def test_submit_wait_read_and_list(service):

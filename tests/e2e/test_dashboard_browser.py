@@ -18,7 +18,7 @@ import pytest
 from sigprop.storage import SqliteSolutionCache, SqliteValidationStore
 
 from ..dashboard_fixtures import CHROMEDRIVER, CHROMIUM, EVIL, EVIL_KEY, evil_record, headless_chromium
-from ..service_fixtures import start_service
+from ..service_fixtures import running_service
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
@@ -74,12 +74,9 @@ VALIDATION = {
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash-browser")
-    svc = start_service(
-        tmp, {"SIGPROP_REDIS_URL": None, "SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": API_KEY}
-    )
-    svc.data_file = tmp / "data" / "solutions.sqlite3"
-    yield svc
-    svc.stop()
+    with running_service(tmp, {"SIGPROP_API_KEYS": API_KEY}) as svc:
+        svc.data_file = tmp / "data" / "solutions.sqlite3"
+        yield svc
 
 
 @pytest.fixture(scope="module")

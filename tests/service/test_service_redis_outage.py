@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ..inprocess import readyz_when
-from ..service_fixtures import assert_error, metric_value, start_redis, start_service, strip_cached
+from ..service_fixtures import assert_error, metric_value, running_service, start_redis, strip_cached
 
 REQ_A = {
     "graph": {"template": "mlp", "depth": 5, "width": 32},
@@ -41,16 +41,9 @@ def redis_server(tmp_path):
 
 @pytest.fixture
 def service(tmp_path, redis_server):
-    svc = start_service(
-        tmp_path / "svc",
-        {
-            "SIGPROP_REDIS_URL": redis_server.url,
-            "SIGPROP_DATA_DIR": str(tmp_path / "data"),
-            "SIGPROP_REDIS_TIMEOUT_S": "0.5",
-        },
-    )
-    yield svc
-    svc.stop()
+    env = {"SIGPROP_REDIS_URL": redis_server.url, "SIGPROP_REDIS_TIMEOUT_S": "0.5"}
+    with running_service(tmp_path / "svc", env) as svc:
+        yield svc
 
 
 def _solve(c: httpx.Client, req: dict) -> tuple[httpx.Response, float]:

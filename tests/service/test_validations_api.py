@@ -27,7 +27,15 @@ import pytest
 from sigprop.schemas.validation import ValidationJob
 
 from ..fake_training import write_fake_datasets
-from ..service_fixtures import _stop_group, _tail, assert_error, service_env, start_redis, start_service
+from ..service_fixtures import (
+    _stop_group,
+    _tail,
+    assert_error,
+    running_service,
+    service_env,
+    start_redis,
+    start_service,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "val-test-key-0123456789"
@@ -103,9 +111,8 @@ def env(redis_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(env, tmp_path_factory):
-    svc = start_service(tmp_path_factory.mktemp("val-svc"), env)
-    yield svc
-    svc.stop()
+    with running_service(tmp_path_factory.mktemp("val-svc"), env) as svc:
+        yield svc
 
 
 @pytest.fixture

@@ -38,14 +38,6 @@ from sigprop.worker.training import Cancelled, compare, run_validation  # noqa: 
 TIMINGS: dict[str, float] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _wire(graph) -> dict:
     if isinstance(graph, dict) and "template" in graph:
         graph = expand_template(Template.model_validate(graph))
