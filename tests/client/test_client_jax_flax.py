@@ -9,6 +9,7 @@ channels x 64 locations (ResNet: one such network's c wanders by 0.05-0.1 over 9
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -21,6 +22,8 @@ from sigprop.client import jax as sjax  # noqa: E402
 from sigprop.engine.solve import solve  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402
+
+from ..solving import solve_graph  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -74,8 +77,7 @@ class DenseNet(nn.Module):
 NETWORKS = 6
 
 
-def _solve(graph: dict, eta: float = 0.6):
-    return solve(SolveRequest(graph=graph, method="tat", activation="leaky_relu", targets={"eta": eta}))
+_solve = partial(solve_graph, eta=0.6)
 
 
 def _ops(graph: dict) -> dict[str, int]:

@@ -5,15 +5,13 @@ at that sum where the graph's weights give 2; JAX exposes the weights through ``
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
-from sigprop.engine.solve import solve
-from sigprop.schemas.solve import SolveRequest
+from ..solving import solve_graph
 
-
-def _solve(graph: dict):
-    return solve(SolveRequest(graph=graph, method="tat", activation="softplus", targets={"tau": 0.5}))
+_solve = partial(solve_graph, activation="softplus", targets={"tau": 0.5})
 
 
 def test_torch_apply_rescales_a_sum_of_a_stream_and_its_dropout_copy():

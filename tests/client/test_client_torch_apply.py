@@ -18,13 +18,10 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from sigprop.client.torch import NormalizedSum, TransformedActivation, apply, graph_from_module  # noqa: E402
-from sigprop.engine.solve import solve  # noqa: E402
-from sigprop.schemas.solve import SolveRequest  # noqa: E402
 
+from ..solving import solve_graph  # noqa: E402
 
-def _solve(graph: dict, method: str = "tat", activation: str = "leaky_relu", targets=None, **extra):
-    targets = targets if targets is not None else {"eta": 0.5}
-    return solve(SolveRequest(graph=graph, method=method, activation=activation, targets=targets, **extra))
+_solve = solve_graph
 
 
 class MLP(nn.Module):

@@ -10,6 +10,7 @@ its figures are shown but not checked."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
@@ -18,8 +19,8 @@ from torch import nn  # noqa: E402
 
 from sigprop.client.diagnosis import Diagnosis, LayerDiagnosis  # noqa: E402
 from sigprop.client.torch import apply, diagnose, graph_from_module, input_pair  # noqa: E402
-from sigprop.engine.solve import solve  # noqa: E402
-from sigprop.schemas.solve import SolveRequest  # noqa: E402
+
+from ..solving import solve_graph  # noqa: E402
 
 WIDTH = 512
 
@@ -42,12 +43,7 @@ class ConvNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.body(x)), 1))
 
 
-def _solve(graph: dict, method: str = "tat", activation: str = "leaky_relu", targets=None):
-    return solve(
-        SolveRequest(
-            graph=graph, method=method, activation=activation, targets={"eta": 0.6} if targets is None else targets
-        )
-    )
+_solve = partial(solve_graph, eta=0.6)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+from functools import partial
 
 import pytest
 
@@ -16,8 +17,8 @@ from torch import nn  # noqa: E402
 
 from sigprop.client.torch import apply, diagnose, extraction, graph_from_module  # noqa: E402
 from sigprop.client.torch.traced import TracedGraph  # noqa: E402
-from sigprop.engine.solve import solve  # noqa: E402
-from sigprop.schemas.solve import SolveRequest  # noqa: E402
+
+from ..solving import solve_graph  # noqa: E402
 
 
 class Block(nn.Module):
@@ -50,8 +51,7 @@ def traces(monkeypatch):
     return count
 
 
-def _solve(graph):
-    return solve(SolveRequest(graph=dict(graph), method="tat", activation="leaky_relu", targets={"eta": 0.3}))
+_solve = partial(solve_graph, eta=0.3)
 
 
 def test_a_session_traces_the_model_once_and_answers_as_a_fresh_trace_does(traces):
