@@ -244,6 +244,10 @@ class LayerInit(BaseModel):
     )
     bias: Literal["zeros", "gaussian", "none"]
     bias_variance: float = 0.0
+    q: float | None = Field(
+        default=None,
+        description="eoc: the mean square per feature of the layer's output for network inputs of q = 1 (q_star)",
+    )
     # geometric (GR scaling paper): the layer output is multiplied by alpha; gamma is its
     # predicted GR scaling (equation 1), equal across layers when the scaling is balanced
     alpha: float | None = Field(
@@ -470,6 +474,11 @@ class Solution(BaseModel):
     v_curvature: float | None = None
     chi_1: float | None = None
     q_star: float | None = None
+    output_q: float | None = Field(
+        default=None,
+        description="eoc: the mean square per feature of the network output for inputs of q = 1 (q_star after a "
+        "weighted layer, E[phi(sqrt(q*) z)^2] after an activation)",
+    )
     sparsity: float | None = Field(default=None, description="expected fraction of zeros, recomputed from tau and q*")
     fixed_points: list[FixedPoint] | None = Field(default=None, description="fixed points of V on (0, 50 q*]")
     only_stable: bool | None = Field(default=None, description="q* is the only stable fixed point")

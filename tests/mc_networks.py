@@ -23,6 +23,16 @@ RAW = {
     "tanh": np.tanh,
     "gelu": lambda x: 0.5 * x * (1.0 + erf(x / math.sqrt(2.0))),
     "erf": erf,
+    "atan": np.arctan,
+    "asinh": np.arcsinh,
+    "softsign": lambda x: x / (1.0 + np.abs(x)),
+    "bentid": lambda x: (np.sqrt(x * x + 1.0) - 1.0) / 2.0 + x,
+    "swish": lambda x: x / (1.0 + np.exp(-x)),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
+    "selu": lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(np.minimum(x, 0.0))),
+    "relu": lambda x: np.maximum(x, 0.0),
+    "leaky_relu": lambda x: np.where(x > 0, x, 0.01 * x),  # the catalogue's default slope (Edge of Chaos keeps it)
 }
 
 

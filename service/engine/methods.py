@@ -8,9 +8,10 @@ answer is recomputed from the returned parameters, not echoed from the targets.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from ..schemas.solve import (
 )
 from ..schemas.structure import StructureReport, dropout_notes, pooling_warnings, sum_scale_notes
 from ..version import ENGINE_VERSION
-from . import deep_kernel_shaping, eoc, geometric, jacobian, rectifier_dks, root_scan, sparse_eoc, tat
+from . import deep_kernel_shaping, eoc, eoc_network, geometric, jacobian, rectifier_dks, root_scan, sparse_eoc, tat
 from .activations import Activation, get_activation
 from .graph import ACT, CONCAT, SUM, NetworkGraph, correlated_sum_warnings
 from .initialization import layer_inits
@@ -56,6 +57,11 @@ class MethodInput:
     program: NetworkProgram
     report: StructureReport
     targets: dict[str, float]
+    # nodes a method finds outside what its answer predicts (eoc: layers reading a mix of q), added to
+    # the structure report's under "assumptions": "warn"
+    extra_violations: list[int] = field(default_factory=list)
+    # the request's own node ids by index, for refusals (the graph's are placeholders)
+    names: list[str] | None = None
 
     def common(self) -> dict:
         return dict(
@@ -231,9 +237,10 @@ def _dks(m: MethodInput) -> Solution:
 def _eoc(m: MethodInput) -> Solution:
     """Edge of Chaos: sigma_w^2 = 1 / E[phi'^2], sigma_b^2 from V(q*) = q*, for each function.
 
-    With several functions each gets its own (sigma_w2, sigma_b2) at the same q*, and a weighted
-    layer takes those of the function whose output it reads: then q_{l+1} = sigma_w2 E[phi(h_l)^2]
-    + sigma_b2 = q* and chi_1 = sigma_w2 E[phi'(h_l)^2] = 1 hold layer by layer (TAT section 3).
+    A weighted layer after an activation takes its function's pair (then q_{l+1} = sigma_w2
+    E[phi(h_l)^2] + sigma_b2 = q* and chi_1 = 1, TAT section 3); one that reads the input, a sum or
+    another weighted layer is q-preserving (``eoc_network``). So q is q* at every Gaussian node
+    and the global C map composes at q* over the program, sums atom by atom, as TAT's and DKS's do.
     """
     graph, program, request = m.graph, m.program, m.request
     acts = _functions(graph, request)
@@ -241,19 +248,17 @@ def _eoc(m: MethodInput) -> Solution:
     qs = sols[0].q_star
     tables = [HermiteCMap(act, input_scale=float(np.sqrt(qs))) for act in acts]
     grid = _c_grid(request.c_map_points)
-
-    def combined(c, slot):
-        # activation + the dense layer reading it, at the fixed point: pre-activation correlation -> next one
-        sw2, sb2 = sols[slot].sigma_w2, sols[slot].sigma_b2
-        q_post = float(sw2 and (qs - sb2) / sw2)  # E[phi(sqrt(q*) z)^2]
-        return (sw2 * q_post * tables[slot](c) + sb2) / qs
-
+    plan = eoc_network.plan_network(graph, sols)
+    notes = _eoc_mixed(m, plan)
+    maps = [
+        eoc_network.c_map_layer(s, t, qs, k not in plan.no_bias)
+        for k, (s, t) in enumerate(zip(sols, tables, strict=True))
+    ]
+    values = program.global_map(np.append(grid, 0.0), lambda c, slot: maps[slot](c))
+    global_at = np.clip(eoc_network.output_correlation(values, plan, sols), -1.0, 1.0)
     want = get_activation(request.activation).name
     top = 0 if len(acts) == 1 else next((k for k, a in enumerate(acts) if a.name == want), None)
     shown = top if top is not None else 0
-    layers, notes = _eoc_layers(m, acts, sols, shown)
-    global_at, more = eoc.network_c_map(program, graph, acts, sols, grid, shown)
-    notes += more
     per = {
         a.name: ActivationParams(sigma_w2=s.sigma_w2, sigma_b2=s.sigma_b2, chi_1=s.chi_1)
         for a, s in zip(acts, sols, strict=True)
@@ -269,58 +274,65 @@ def _eoc(m: MethodInput) -> Solution:
             v_curvature=sols[top].v_curvature,
         )
     )
+    for k in sorted(plan.no_bias):
+        notes.append(
+            f"a layer without bias reads '{acts[k].name}': Edge of Chaos needs sigma_b^2 = {sols[k].sigma_b2:.4g} "
+            f"for V(q*) = q*, so every layer reading '{acts[k].name}' is q-preserving instead (sigma_w^2 = q* / "
+            "E[phi^2], no bias; chi_1 is not 1 there)"
+        )
+    fps = eoc_network.fixed_points(acts[shown], sols[shown]) if top is not None else None
+    for act, sol in zip(acts, sols, strict=True):
+        notes += eoc_network.unstable_note(act, sol, program.depth, eoc_network.fixed_points(act, sol))
+        if sol.v_slope**program.depth >= eoc_network.DRIFT_LIMIT and graph.output not in m.extra_violations:
+            # a finite network's q leaves q* by the width's sampling noise, amplified past doubling: the
+            # answer's q and C map are not what such networks do (issue 34: swish q 2.7 -> 247 in 20 layers)
+            m.extra_violations.append(graph.output)
     return Solution(
         **m.common(),
         **head,
         q_star=qs,
+        output_q=plan.output_q,
+        fixed_points=None if fps is None else [FixedPoint(q=q, stable=st) for q, st in fps],
         activations=per if len(acts) > 1 else None,
         jacobian=jacobian.summary(graph, acts[shown]) if len(acts) == 1 else None,
-        c_map=CMapSample(c=grid.tolist(), global_=global_at.tolist(), local=combined(grid, shown).tolist()),
-        layers=layers,
+        c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=maps[shown](grid).tolist()),
+        network_c_f_0=float(global_at[-1]),
+        layers=_eoc_layers(m, plan),
         warnings=_warnings_for(graph, m.report) + notes + sum((_c_map_accuracy(t) for t in tables), []),
     )
 
 
-def _eoc_layers(m: MethodInput, acts: list[Activation], sols: list, shown: int) -> tuple[list[LayerInit], list[str]]:
-    """Each weighted layer initialized with the (sigma_w2, sigma_b2) of the function it reads."""
+def _eoc_layers(m: MethodInput, plan: eoc_network.NetworkPlan) -> list[LayerInit]:
+    """Each weighted layer with its own (sigma_w2, sigma_b2) and output q (``eoc_network.plan_network``)."""
     graph = m.graph
-    inits = [layer_inits(graph, m.request.init, s.sigma_w2, s.sigma_b2) for s in sols]
-    if len(acts) == 1:
-        return inits[0], []
-    slot = {a.name: k for k, a in enumerate(acts)}
+    pairs = {(lay.sigma_w2, lay.sigma_b2) for lay in plan.layers.values()}
+    inits = {pair: layer_inits(graph, m.request.init, *pair) for pair in pairs}
     affine = [nd.index for nd in graph.nodes if nd.kind == "affine"]
-    out, unclear = [], []
+    out = []
     for k, node in enumerate(affine):
-        fns = _feeding_fns(graph, node)
-        # a layer reading the network input keeps the top-level function's scales
-        pick = slot[get_activation(fns.pop()).name] if len(fns) == 1 else shown
-        if len(fns) > 1:
-            unclear.append(graph.nodes[node].user_id)
-        out.append(inits[pick][k])
-    notes = (
-        []
-        if not unclear
-        else [
-            f"layers {', '.join(unclear[:6])} read a mix of functions' outputs: initialized with '{acts[shown].name}'"
-        ]
+        lay = plan.layers[node]
+        init = inits[(lay.sigma_w2, lay.sigma_b2)][k]
+        out.append(init.model_copy(update={"q": None if math.isnan(lay.q) else lay.q}))
+    return out
+
+
+def _eoc_mixed(m: MethodInput, plan: eoc_network.NetworkPlan) -> list[str]:
+    """Layers (or the output) reading a mix of kinds whose q differ: refused, or warned under "warn"."""
+    if not plan.mixed:
+        return []
+    ids = m.names or [nd.user_id for nd in m.graph.nodes]
+    names = ", ".join(ids[v] for v in plan.mixed[:6]) + (" ..." if len(plan.mixed) > 6 else "")
+    what = (
+        f"{len(plan.mixed)} node(s) ({names}) read a mix of values at different q (two functions' activation "
+        "outputs, an activation output and a weighted layer's, or the network input and a weighted layer's "
+        "output with q_star != 1): Edge of Chaos initializes a layer from what it reads, and no one "
+        "(sigma_w2, sigma_b2) makes such a mix exact"
     )
-    return out, notes
-
-
-def _feeding_fns(graph: NetworkGraph, node: int) -> set[str]:
-    """The functions of the activations whose outputs reach ``node`` without another weighted layer."""
-    seen, stack, fns = set(), list(graph.nodes[node].inputs), set()
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        nd = graph.nodes[v]
-        if nd.kind == ACT:
-            fns.add(nd.attrs["fn"])
-        elif nd.kind not in ("affine", "source"):
-            stack.extend(nd.inputs)
-    return fns
+    fix = "put a weighted layer on each branch before they meet, use one function, or q_star = 1"
+    if m.request.assumptions == "strict":
+        raise SigpropError("unsupported_structure", what, f'{fix}; or send "assumptions": "warn" to solve anyway')
+    m.extra_violations.extend(plan.mixed)
+    return [f"assumptions not met: {what}; past these nodes the c_map and q do not hold. Fix: {fix}"]
 
 
 def _functions(graph: NetworkGraph, request: SolveRequest) -> list[Activation]:

@@ -153,16 +153,17 @@ def solve_canonical(prep: Prepared) -> Solution:
         graph, names = view.graph, [names[i] for i in view.origin]
     report = structure_report(graph.nodes)
     notes = check_structure(names, report, request.assumptions) if method.kernel else []
-    answer = method.build(
-        MethodInput(request, graph, prep.key, compile_program(graph, report), report, check_targets(request))
+    given = MethodInput(
+        request, graph, prep.key, compile_program(graph, report), report, check_targets(request), names=names
     )
+    answer = method.build(given)
     if method.kernel:
         answer.warnings = notes + answer.warnings + _degenerate(request, answer)
         answer.subnetworks = SUBNETWORK_CONVENTION
         answer.assumptions = AssumptionReport(
             mode=request.assumptions,
-            holds=report.holds,
-            violations=[graph.nodes[v].user_id for v in report.flagged],
+            holds=report.holds and not given.extra_violations,
+            violations=[graph.nodes[v].user_id for v in report.flagged + given.extra_violations],
         )
         if report.sum_scales:
             answer.sum_scales = {graph.nodes[v].user_id: float(s) for v, s in sorted(report.sum_scales.items())}
