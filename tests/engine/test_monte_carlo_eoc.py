@@ -84,7 +84,12 @@ def mixed_concat(width=WIDTH):
     return g.graph(g.dense(c, width))
 
 
-UNSTABLE = [("issue_mlp20_swish", mlp, "swish", {}), ("issue_mlp20_gelu", mlp, "gelu", {})]
+# V'(q*)^depth >= 2 (swish 1.099^8 = 2.1): holds false, warned with the drift
+UNSTABLE = [
+    ("issue_mlp20_swish", mlp, "swish", {}),
+    ("issue_mlp20_gelu", mlp, "gelu", {}),
+    ("mlp8_swish", lambda: mlp(depth=8), "swish", {}),
+]
 SMOOTH = ["tanh", "erf", "atan", "asinh", "softsign", "bentid", "swish", "gelu", "gelu_tanh", "elu", "selu"]
 EXACT = [
     ("issue_sum_blocks_tanh", sum_blocks, "tanh", {}),
@@ -99,7 +104,7 @@ EXACT = [
     ("mlp_no_bias_tanh", lambda: mlp(depth=8, bias=False), "tanh", {}),
     ("factorised_relu", factorised, "relu", {}),
     ("factorised_leaky_relu", factorised, "leaky_relu", {}),
-] + [(f"mlp8_{fn}", lambda: mlp(depth=8), fn, {}) for fn in SMOOTH]
+] + [(f"mlp8_{fn}", lambda: mlp(depth=8), fn, {}) for fn in SMOOTH if fn != "swish"]
 
 
 def eoc(build, fn, targets, **extra):
