@@ -46,6 +46,8 @@ def phi_hat(ans):
         return {
             "crelu": lambda x: np.clip(x - tau, 0.0, m),
             "cst": lambda x: np.sign(x) * np.clip(np.abs(x) - tau, 0.0, m),
+            "relu_tau": lambda x: np.maximum(x - tau, 0.0),  # equation (7)
+            "soft_threshold": lambda x: np.sign(x) * np.maximum(np.abs(x) - tau, 0.0),  # equation (8)
         }[ans.activation]
     raw = RAW[ans.activation]
     if ans.input_scale is None:  # Edge of Chaos: phi itself, with sigma_w2 and sigma_b2 in the layers

@@ -147,6 +147,15 @@ def output_correlation(values: np.ndarray, plan: NetworkPlan, sols: list[EOCSolu
     return (values * s.q_star - s.sigma_b2) / (s.q_star - s.sigma_b2)
 
 
+def global_c_map(program, plan: NetworkPlan, sols: list[EOCSolution], tables: list, grid: np.ndarray):
+    """The local maps (``c_map_layer`` per function) and the global C map at q* on ``grid`` with C(0)
+    appended, composed over the program and its atoms (TAT paper section 2.3: sums atom by atom)."""
+    q_star = sols[0].q_star
+    maps = [c_map_layer(s, t, q_star, k not in plan.no_bias) for k, (s, t) in enumerate(zip(sols, tables, strict=True))]
+    values = program.global_map(np.append(grid, 0.0), lambda c, slot: maps[slot](c))
+    return maps, np.clip(output_correlation(values, plan, sols), -1.0, 1.0)
+
+
 def fixed_points(act: Activation, sol: EOCSolution, q_max_factor: float = 50.0, points: int = 160) -> list[tuple]:
     """The fixed points V(q) = q on (0, q_max_factor q*] with their stability |V'(q)| < 1, ascending
     (sparsity paper section 2: q converges to a stable one, away from an unstable one). Crossings

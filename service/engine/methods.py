@@ -250,12 +250,7 @@ def _eoc(m: MethodInput) -> Solution:
     grid = _c_grid(request.c_map_points)
     plan = eoc_network.plan_network(graph, sols)
     notes = _eoc_mixed(m, plan)
-    maps = [
-        eoc_network.c_map_layer(s, t, qs, k not in plan.no_bias)
-        for k, (s, t) in enumerate(zip(sols, tables, strict=True))
-    ]
-    values = program.global_map(np.append(grid, 0.0), lambda c, slot: maps[slot](c))
-    global_at = np.clip(eoc_network.output_correlation(values, plan, sols), -1.0, 1.0)
+    maps, global_at = eoc_network.global_c_map(program, plan, sols, tables, grid)
     want = get_activation(request.activation).name
     top = 0 if len(acts) == 1 else next((k for k, a in enumerate(acts) if a.name == want), None)
     shown = top if top is not None else 0
@@ -402,16 +397,16 @@ def _sparse_eoc(m: MethodInput) -> Solution:
     params = {"tau": sol.tau} if sol.m is None else {"tau": sol.tau, "m": sol.m}
     act = get_activation(request.activation, **params)
     sw2, sb2, qs = sol.sigma_w2, sol.sigma_b2, sol.q_star
+    # issue 34: the layers are planned as eoc's (q-preserving after the input, a sum or a layer), so
+    # every pre-activation is at q* and the sparsity stated (at q*) is every activation's; the first
+    # layer no longer gives q = sigma_w2 + sigma_b2, from where V' = 1, V'' > 0 drifted q deterministically
+    sols = [eoc.EOCSolution(qs, sw2, sb2, sol.chi_1, sol.v_slope, sol.v_curvature)]
+    plan = eoc_network.plan_network(graph, sols)
+    notes = _eoc_mixed(m, plan)
     table = HermiteCMap(act, input_scale=float(np.sqrt(qs)), terms=160)
-    q_post = (qs - sb2) / sw2
-
-    def combined(c, _slot):
-        return (sw2 * q_post * table(c) + sb2) / qs
-
     grid = _c_grid(request.c_map_points)
+    maps, global_at = eoc_network.global_c_map(program, plan, sols, [table], grid)
     qs_grid = np.linspace(3 * qs / request.c_map_points, 3 * qs, request.c_map_points)
-    as_eoc = eoc.EOCSolution(qs, sw2, sb2, sol.chi_1, sol.v_slope, sol.v_curvature)
-    global_at, notes = eoc.network_c_map(program, graph, [act], [as_eoc], grid, 0, terms=160)
     depth = graph.depth()
     return Solution(
         **m.common(),
@@ -420,6 +415,7 @@ def _sparse_eoc(m: MethodInput) -> Solution:
         sigma_w2=sw2,
         sigma_b2=sb2,
         q_star=qs,
+        output_q=plan.output_q,
         sparsity=sparse_eoc.expected_sparsity(request.activation, sol.tau, qs),
         v_slope=sol.v_slope,
         v_curvature=sol.v_curvature,
@@ -434,8 +430,9 @@ def _sparse_eoc(m: MethodInput) -> Solution:
             q=qs_grid.tolist(),
             v=np.asarray(sparse_eoc.variance_map(request.activation, qs_grid, sol.tau, sol.m, sw2, sb2)).tolist(),
         ),
-        c_map=CMapSample(c=grid.tolist(), global_=global_at.tolist(), local=combined(grid, 0).tolist()),
-        layers=layer_inits(graph, request.init, sw2, sb2),
+        c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=maps[0](grid).tolist()),
+        network_c_f_0=float(global_at[-1]),
+        layers=_eoc_layers(m, plan),
         warnings=_warnings_for(graph, m.report) + list(sol.warnings) + notes + _c_map_accuracy(table),
     )
 

@@ -42,7 +42,12 @@ def test_crelu_answer_has_the_papers_parameters():
     # Appendix A: L (sigma_w2 - 1 - s_1), s_1 = -1 (Gaussian) and 0 (orthogonal)
     assert ans.jacobian_spectrum_variance["gaussian"] == pytest.approx(30 * ans.sigma_w2, rel=1e-12)
     assert ans.jacobian_spectrum_variance["orthogonal"] == pytest.approx(30 * (ans.sigma_w2 - 1), rel=1e-12)
-    assert all(layer.bias == "gaussian" and layer.bias_variance == ans.sigma_b2 for layer in ans.layers)
+    # issue 34: the layer reading the input is q-preserving (sigma_w^2 = q* / 1, no bias) so the first
+    # pre-activation is at q*; every layer reading an activation has the EoC pair
+    first, *rest = ans.layers
+    assert first.bias == "zeros" and first.weight_variance * first.fan_in == pytest.approx(ans.q_star)
+    assert all(layer.bias == "gaussian" and layer.bias_variance == ans.sigma_b2 for layer in rest)
+    assert all(layer.q == pytest.approx(ans.q_star) for layer in ans.layers) and ans.output_q == ans.q_star
     assert ans.c_map.global_[-1] == pytest.approx(1.0, abs=1e-9)
 
 
