@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import operator
 import re
 from dataclasses import dataclass, fields
@@ -158,6 +159,10 @@ def solve_canonical(prep: Prepared) -> Solution:
     )
     answer = method.build(given)
     if method.kernel:
+        # issue 34: the maps are per location; pooling several locations is the identity on them only
+        # for inputs whose locations agree, which no graph says (a client's example_input calibration
+        # measures these nodes): not a prediction, so holds is false, with pooling_warnings' words
+        given.extra_violations.extend(v for v in pooled_locations(graph) if v not in given.extra_violations)
         answer.warnings = notes + answer.warnings + _degenerate(request, answer)
         answer.subnetworks = SUBNETWORK_CONVENTION
         answer.assumptions = AssumptionReport(
@@ -175,6 +180,18 @@ def solve_canonical(prep: Prepared) -> Solution:
         answer.trainable, notes = _trainable(anonymous, answer)
         answer.warnings.extend(notes)
     return answer
+
+
+def pooled_locations(graph: NetworkGraph) -> list[int]:
+    """Pooling nodes that mix more than one location: avg_pool / max_pool with a window above 1 x 1,
+    global_avg_pool of a map larger than 1 x 1."""
+    out = []
+    for nd in graph.nodes:
+        if nd.op in ("avg_pool", "max_pool") and math.prod(nd.attrs["kernel"]) > 1:
+            out.append(nd.index)
+        elif nd.op == "global_avg_pool" and math.prod(graph.nodes[nd.inputs[0]].shape[1:]) > 1:
+            out.append(nd.index)
+    return out
 
 
 def _sequence_view(graph: NetworkGraph, named: NetworkGraph, request: SolveRequest) -> SequenceView | None:
