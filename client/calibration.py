@@ -120,14 +120,16 @@ def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, s
         if op in _NEVER:
             continue
         carried = next((origin[i] for i in nd.get("inputs", []) if i in origin), None)
-        if nid in named:
-            out[nid] = f"{op} outside the answer's predictions"
-        elif op == "max_pool" and _window(nd) > 1:
+        # pooling first: the answer names a pool over several locations among its violations too
+        # (its locations are not known to be identical), and the op's own reason says more
+        if op == "max_pool" and _window(nd) > 1:
             out[nid] = "max pooling"
         elif op == "avg_pool" and _window(nd) > 1:
             out[nid] = "average pooling"
         elif op == "global_avg_pool" and math.prod(shapes.get(nd["inputs"][0], [1])[1:]) > 1:
             out[nid] = "global average pooling"
+        elif nid in named:
+            out[nid] = f"{op} outside the answer's predictions"
         elif op == "activation" and carried is not None:
             out[nid] = f"activation of a non-Gaussian input (from '{carried}')"
         if op != "activation" and carried is not None:

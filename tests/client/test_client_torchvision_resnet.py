@@ -75,7 +75,8 @@ def test_torchvision_resnet_end_to_end_matches_the_answer_layer_by_layer(build, 
     x = torch.randn(PAIRS, 3, 32, 32)
     graph = graph_from_module(converted.model, x[:2])
     sol = solve(SolveRequest(graph=graph, method="tat", activation="leaky_relu", targets={"eta": 0.5}))
-    assert sol.assumptions.holds and sol.c_f_0 == pytest.approx(0.5, abs=1e-9)
+    # the stem's max pool is named (its locations are not known to be identical) and apply calibrates it
+    assert sol.assumptions.violations == ["maxpool"] and sol.c_f_0 == pytest.approx(0.5, abs=1e-9)
 
     runs = []
     for seed in range(networks):
