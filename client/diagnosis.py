@@ -22,8 +22,15 @@ This is exactly what the engine computes for the global C map (TAT paper, sectio
 output the composition equals ``c_map.global`` at ``input_c`` up to the interpolation between
 samples (``Diagnosis.c_global`` holds the answer's own value). Average and max pooling are the
 identity on the maps only when the pooled locations see the same input: nodes after a pool are
-marked unless the inputs were built with identical locations. This module is framework-free; the
-adapters only measure.
+marked unless the inputs were built with identical locations. The predictions are for the pair's
+measured cosine (``Diagnosis.pair_c``; a one-channel pair flips a whole number of locations).
+
+Every row states the noise of its measurement, the standard deviation expected over networks at
+the graph's widths and initializations (:func:`stated_noise`: finite-width theory,
+``sigprop.client.finite_width`` and ``sigprop.client.sampling_noise``), and a row off by more than
+``FLAG_SIGMAS`` of it is flagged; :func:`judge` names the first such nodes with their likely
+cause, and the printed diagnosis ends with one verdict line (:meth:`Diagnosis.verdict`). This
+module is framework-free; the adapters only measure.
 """
 
 from __future__ import annotations
@@ -32,11 +39,15 @@ import bisect
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 from ..schemas.graph import OPS, Graph
 from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 from ..schemas.structure import wire_structure
+from .finite_width import propagate
+from .sampling_noise import pair_noise, pair_representatives
 
 __all__ = [
     "LayerDiagnosis",
@@ -47,6 +58,10 @@ __all__ = [
     "interpolate",
     "pair_c",
     "note_calibrations",
+    "stated_noise",
+    "judge",
+    "Off",
+    "FLAG_SIGMAS",
     "SHOWN_OPS",
 ]
 
@@ -65,6 +80,17 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Off:
+    """A node found wrong: its id and op, how many standard deviations of its stated noise it is
+    off (None: found wrong otherwise, e.g. its function compared directly) and the likely cause."""
+
+    id: str
+    op: str
+    sigmas: float | None
+    cause: str
+
+
+@dataclass(frozen=True)
 class LayerDiagnosis:
     """One node: predicted and empirical q and c (``None`` where the answer predicts nothing)."""
 
@@ -75,7 +101,7 @@ class LayerDiagnosis:
     c_predicted: float | None
     c_empirical: float
     note: str = ""
-    q_noise: float | None = None  # the standard deviation expected of q_empirical at this width
+    q_noise: float | None = None  # the standard deviation expected of q_empirical at this width (0: exact)
     c_noise: float | None = None  # likewise of c_empirical
     flagged: bool = False  # off the prediction by more than FLAG_SIGMAS times its noise
 
@@ -102,6 +128,8 @@ class Diagnosis:
     c_global: float | None = None  # the answer's global C map at input_c (the output's prediction)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # measured values off their prediction, and why
+    off: list[Off] = field(default_factory=list)  # the nodes found wrong, first ones first, with the likely cause
+    pair_c: float | None = None  # the input pair's measured cosine (the predictions are for it)
 
     @property
     def ok(self) -> bool:
@@ -138,12 +166,33 @@ class Diagnosis:
                 f"{num(r.c_predicted)} {num(r.c_empirical)}  {note}".rstrip()
             )
         if self.c_global is not None:
-            lines.append(f"answer's global C map at c = {self.input_c:g}: {self.c_global:.4f}")
+            lines.append(f"answer's global C map at c = {self._c_text()}: {self.c_global:.4f}")
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"WARNING: {w}" for w in self.warnings]
+        lines.append(self.verdict())
         return "\n".join(lines)
 
     __str__ = table
+
+    def _c_text(self) -> str:
+        c = self.pair_c
+        return f"{self.input_c:g}" if c is None or abs(c - self.input_c) < 5e-5 else f"{c:.4f}"
+
+    def verdict(self) -> str:
+        """One line: PASS (the largest deviation, in units of its stated noise), or FAIL with the
+        nodes found off and the likely cause of each (``judge``), and what else was found wrong."""
+        checked = [(_sigmas(r), r.id) for r in self.layers if not r.note and r.q_noise is not None]
+        if self.ok:
+            z, where = max(checked, default=(0.0, ""))
+            at = f" (largest {z:.1f} sigma, at '{where}')" if where else ""
+            return f"verdict: PASS: every node within {FLAG_SIGMAS:g} sigma of its prediction{at}"
+        named = [f"'{o.id}' ({o.op}{f', {o.sigmas:.0f} sigma off' if o.sigmas else ''}): {o.cause}" for o in self.off]
+        flagged = sum(r.flagged for r in self.layers)
+        if flagged > len([o for o in self.off if o.sigmas]):
+            named.append(f"{flagged} node(s) off in all, the first ones named")
+        rest = [w for w in self.warnings if not any(w.startswith(f"node '{o.id}'") for o in self.off)]
+        rest = [w for w in rest if "node(s) in all are off" not in w]
+        return "verdict: FAIL: " + "; ".join(named + rest)
 
 
 def check_solution(sol: Solution) -> None:
@@ -310,73 +359,73 @@ def pair_c(c: float) -> float:
 
 # -- how far a measurement may be from its prediction -----------------------------------------
 
-# A node is flagged when it is off its prediction by more than this many standard deviations.
+# A node is flagged when it is off its prediction by more than this many standard deviations of its
+# stated noise (stated_noise: finite-width theory, within 1.5x of the spread measured over networks).
 FLAG_SIGMAS = 5.0
-# The finite-width deviations of one network compound with depth: after d layers of width n the
-# measured q and c of a single random network sit about sqrt(d / n) (times sqrt of the constants
-# below, in units of q and of 1 - c^2) from the infinite-width maps, as the O(1/n) corrections of
-# each layer add up (finite-width analysis in "The Principles of Deep Learning Theory",
-# arXiv:2106.10165). With these constants the largest deviation measured on applied TAT and DKS
-# MLPs and CNNs (widths 16 to 512, depths 4 to 40; 1, 3 and 784 input channels and [B, T, D]
-# inputs; three seeds each: tests/test_client_torch_diagnose.py, -m slow) was 1.6 standard
-# deviations (rows after pooling, whose predictions are marked inexact, aside), so FLAG_SIGMAS = 5
-# flags no correctly applied network. The pair term is the sampling error of a mean over pairs x
-# locations of ratios of n-dimensional sums.
-_DEPTH_Q = 0.3
-_DEPTH_C = 0.3
+# ... plus this much in c: the predictions interpolate the answer's C maps linearly between its
+# samples, which is off by up to h^2 / 8 C'' per activation (h = 1/16 on the default 33 samples)
+C_SLACK = 2e-3
+# ... and this share of q: a layer whose noise is 0 (an orthogonal matrix that keeps every norm) must
+# match to the rounding of a float32 forward pass, not exactly
+Q_SLACK = 1e-3
 
 
-def _path_stats(graph: dict) -> dict[str, tuple[int, float, int]]:
-    """Graph id -> (layers on the deepest path from the input, the narrowest width on the way
-    (units or channels; the input's own excluded: it is exact), locations per example)."""
-    shapes = infer_shapes(Graph.model_validate(graph))
-    out: dict[str, tuple[int, float, int]] = {}
+def _flattens_first(graph: dict) -> bool:
+    """The input is flattened before any layer reads it (the pairs measured are the flattened examples)."""
+    readers: dict[str, list[dict]] = {}
     for nd in graph["nodes"]:
-        shape = shapes.get(nd["id"]) or [1]
-        locations = math.prod(shape[1:]) if len(shape) > 1 else 1
-        if nd["op"] == "input":
-            out[nd["id"]] = (0, math.inf, locations)
-            continue
-        ins = [out[i] for i in nd.get("inputs", [])]
-        depth = max((d for d, _, _ in ins), default=0) + (nd["op"] in ("dense", "conv", "activation"))
-        width = min([w for _, w, _ in ins] + [float(shape[0])])
-        out[nd["id"]] = (depth, width, locations)
-    return out
+        for i in nd.get("inputs", []):
+            readers.setdefault(i, []).append(nd)
+    frontier = [nd["id"] for nd in graph["nodes"] if nd["op"] == "input"]
+    while frontier:
+        nexts = [r for i in frontier for r in readers.get(i, [])]
+        if not nexts or any(r["op"] not in ("flatten", "identity", "dropout") for r in nexts):
+            return False
+        if all(r["op"] == "flatten" for r in nexts):
+            return True
+        frontier = [r["id"] for r in nexts if r["op"] != "flatten"]
+    return False
 
 
-def stated_noise(graph: dict, pred: dict[str, Prediction], pairs: int) -> dict[str, tuple[float, float]]:
-    """Graph id -> (sd of q, sd of c) expected of one network at the graph's widths, measured on
-    ``pairs`` input pairs (0 where the value is exact: the input)."""
+def stated_noise(graph: dict, sol: Solution, x1, x2, phi) -> dict[str, tuple[float | None, float | None]]:
+    """Graph id -> (sd of q, sd of c) expected of one applied network's measurement on the pairs
+    ``(x1, x2)`` (numpy, channels first: ``[B, F]`` or ``[B, C, *spatial]``), from finite-width
+    theory at the graph's widths and the answer's initializations (``sigprop.client.finite_width``;
+    what the measurement averages: ``sigprop.client.sampling_noise``). ``phi``: the answer's
+    transformed activation as a numpy function (or graph id -> one). 0 at the input (exact); None
+    where it is not known (after a global pool of locations that differ)."""
+    features = _flattens_first(graph)
+    few = not features and np.ndim(x1) > 2 and np.shape(x1)[1] <= 4  # few channels: cosines far from 0
+    rep = pair_representatives(x1, x2, features=features, examples=32 if few else 16)
+
+    def reduce(kernel, dk, shape, cov_q):
+        return pair_noise(kernel, dk, shape, cov_q, rep)
+
     out = {}
-    for gid, (depth, width, locations) in _path_stats(graph).items():
-        p = pred.get(gid)
-        if p is None or p.q is None or depth == 0:
-            out[gid] = (0.0, 0.0)
-            continue
-        samples = width * max(1, pairs) * locations
-        c = p.c if p.c is not None else 0.0
-        sd_q = p.q * math.sqrt(2.0 / samples + _DEPTH_Q * depth / width)
-        sd_c = max(1.0 - c * c, 1e-3) * math.sqrt(1.0 / samples + _DEPTH_C * depth / width)
-        out[gid] = (sd_q, sd_c)
+    for gid, (sd_q, sd_c) in propagate(graph, sol, rep.kernel, rep.shape, phi, reduce).items():
+        out[gid] = (None if math.isnan(sd_q) else sd_q, None if math.isnan(sd_c) else sd_c)
+    for nd in graph["nodes"]:
+        if nd["op"] == "input":
+            out[nd["id"]] = (0.0, 0.0)
     return out
 
 
 def _sigmas(row: LayerDiagnosis) -> float:
+    """How far off ``row`` is in units of its stated noise plus the slack (Q_SLACK of q, C_SLACK)
+    spread over FLAG_SIGMAS: flagged above FLAG_SIGMAS. A row whose noise is None states none."""
     zs = [0.0]
-    if row.q_error is not None and row.q_noise:
-        zs.append(abs(row.q_error) / row.q_noise)
-    if row.c_error is not None and row.c_noise:
-        zs.append(abs(row.c_error) / row.c_noise)
+    if row.q_error is not None and row.q_noise is not None:
+        zs.append(abs(row.q_error) / (row.q_noise + Q_SLACK * abs(row.q_predicted) / FLAG_SIGMAS + 1e-300))
+    if row.c_error is not None and row.c_noise is not None:
+        zs.append(abs(row.c_error) / (row.c_noise + C_SLACK / FLAG_SIGMAS))
     return max(zs)
 
 
-def with_noise(row: LayerDiagnosis, noise: tuple[float, float]) -> LayerDiagnosis:
+def with_noise(row: LayerDiagnosis, noise: tuple[float | None, float | None]) -> LayerDiagnosis:
     """``row`` with its stated noise, flagged when it is off by more than FLAG_SIGMAS of it (never a
     row whose note says its prediction is not exact there: after pooling, after an op outside the
     graph)."""
-    from dataclasses import replace
-
-    out = replace(row, q_noise=noise[0] or None, c_noise=noise[1] or None)
+    out = replace(row, q_noise=noise[0], c_noise=noise[1])  # 0: exact there (an isometry), None: not known
     return replace(out, flagged=not out.note and _sigmas(out) > FLAG_SIGMAS)
 
 
@@ -423,9 +472,11 @@ def judge(diag: Diagnosis, graph: dict, *, suspects: dict[str, str] | None = Non
         what = f"q {r.q_empirical:.4f} against {r.q_predicted:.4f}" if r.q_predicted is not None else ""
         if r.c_predicted is not None:
             what += f"{', ' if what else ''}c {r.c_empirical:.4f} against {r.c_predicted:.4f}"
+        cause = _cause(r, suspects.get(r.id, ""))
+        diag.off.append(Off(r.id, r.op, _sigmas(r), cause))
         diag.warnings.append(
             f"node '{r.id}' ({r.op}) measures {what}, {_sigmas(r):.0f} times the noise expected at this width "
-            f"(q +- {r.q_noise or 0:.3g}, c +- {r.c_noise or 0:.3g}): {_cause(r, suspects.get(r.id, ''))}"
+            f"(q +- {r.q_noise or 0:.3g}, c +- {r.c_noise or 0:.3g}): {cause}"
         )
     if len(off) > len(first[:3]):
         diag.warnings.append(f"{len(off)} node(s) in all are off their prediction; the ones named above come first")

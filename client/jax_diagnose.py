@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
+from ..schemas.activations import CATALOGUE, canonical_name
 from .diagnosis import (
     SHOWN_OPS,
     Diagnosis,
@@ -15,10 +17,11 @@ from .diagnosis import (
     stated_noise,
     with_noise,
 )
+from .jax_activations import activation_fn
 from .jax_extraction import extract_flax
 from .jax_token_diagnose import diagnose_tokens
 from .pairs import channels_last_pair, q_and_c
-from .solution import as_solution
+from .solution import as_solution, tailored, tailoring
 
 __all__ = ["diagnose", "input_pair"]
 
@@ -61,19 +64,36 @@ def diagnose(
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     ext = extract_flax(module, variables, jnp.concatenate([x1, x2]), allow_unsupported=True)
     one_channel = x1.ndim > 2 and x1.shape[-1] == 1
-    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations, one_channel=one_channel)
-    ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
     half = int(x1.shape[0])
-    noise = stated_noise(ext.graph, predicted, half)
+    ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
+    measured = {gid: q_and_c(ext.values[gid], half) for gid in ops if gid in ext.values}
+    # the prediction is for the pair measured (its cosine is input_c only to rounding, and to within
+    # 1 / locations for a one-channel pair)
+    actual_c = next(measured[gid][1] for gid, op in ops.items() if op == "input")
+    predicted = predict(ext.graph, sol, actual_c, same_locations=same_locations, one_channel=one_channel)
+    first = (0, x1.ndim - 1, *range(1, x1.ndim - 1))  # channels last -> channels first
+    noise = stated_noise(ext.graph, sol, np.transpose(x1, first), np.transpose(x2, first), _phi(sol))
     rows = []
     for gid, p in predicted.items():
         if ops[gid] in SHOWN_OPS:
-            q, c = q_and_c(ext.values[gid], half)
+            q, c = measured[gid]
             rows.append(with_noise(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note), noise[gid]))
-    c_global = interpolate(input_c, sol.c_map.c, sol.c_map.global_)
+    c_global = interpolate(actual_c, sol.c_map.c, sol.c_map.global_)
     scope = "location" if x1.ndim == 4 else "example"
-    diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, half, rows, c_global)
+    diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, half, rows, c_global, pair_c=actual_c)
     diag.notes.extend(ext.warnings)
     note_calibrations(diag, calibrations)
     judge(diag, ext.graph)
     return diag
+
+
+def _phi(sol):
+    """The answer's transformed activation as a numpy function, for the stated noise (None where
+    it cannot be built: the noise then takes the activation as the identity)."""
+    key = canonical_name(sol.activation)
+    if key is None:
+        return None
+    given = {"negative_slope": sol.negative_slope, "tau": sol.tau, "m": sol.m}
+    fn = activation_fn(key, **{k: v for k, v in given.items() if k in CATALOGUE[key].defaults})
+    a, b, c, d = tailoring(sol)
+    return lambda z: np.asarray(tailored(fn, jnp.asarray(z), a, b, c, d), np.float64)

@@ -10,8 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..schemas.activations import CATALOGUE, canonical_name
+from .jax_activations import activation_fn
 from .jax_extraction import extract_flax
-from .solution import as_solution
+from .solution import as_solution, tailored, tailoring
 from .token_diagnosis import (
     NodeQ,
     TokenKernelDiagnosis,
@@ -82,7 +84,7 @@ def diagnose_tokens(models, solution, example_input, *, seed: int = 0) -> TokenK
     if len(nets) >= 2:
         noise, source = stack.std(axis=0, ddof=1) / np.sqrt(len(nets)), "networks"
     else:
-        noise, source = stated_token_noise(predicted, graph), "stated"
+        noise, source = stated_token_noise(sol, graph, np.asarray(x, np.float64), _phi(sol)), "stated"
     attention = getattr(sol, "attention", None)
     diag = TokenKernelDiagnosis(
         sol.method,
@@ -97,3 +99,15 @@ def diagnose_tokens(models, solution, example_input, *, seed: int = 0) -> TokenK
     )
     judge_tokens(diag)
     return diag
+
+
+def _phi(sol):
+    """The answer's transformed activation as a numpy function, for the stated noise (None where
+    it cannot be built: the noise then takes the activation as the identity)."""
+    key = canonical_name(sol.activation)
+    if key is None:
+        return None
+    given = {"negative_slope": sol.negative_slope, "tau": sol.tau, "m": sol.m}
+    fn = activation_fn(key, **{k: v for k, v in given.items() if k in CATALOGUE[key].defaults})
+    a, b, c, d = tailoring(sol)
+    return lambda z: np.asarray(tailored(fn, jnp.asarray(z), a, b, c, d), np.float64)

@@ -13,13 +13,12 @@ An adapter feeds such tokens to one or several applied networks and measures
   measured (a finite-width network's kernel deviates from the limit by its own weights' draw,
   which more inputs do not average away), and an entry is flagged beyond Student's t quantile at
   the 3-sigma level for that many networks (4.53 for 8) plus 0.02;
-- with one network, the noise is stated, not measured: ``sqrt((K_ii K_jj + K_ij^2) * layers /
-  (4 width))``, a Gaussian estimate's spread per layer accumulated over the dense layers on the
-  longest path (finite-width deviations grow like depth / width: Hanin and Nica, "Products of Many
-  Large Random Matrices and Gradients in Deep Neural Networks", arXiv:1812.05994), the factor 1/4
-  calibrated by the torch adapter on orthogonally initialized TAT networks (48 networks of width
-  128, 8 dense layers per path: per-network std of an output token's q 0.15, the formula's 0.18).
-  A rough figure: measure several networks for a sharp check. Flagged beyond 3 noise + 0.02.
+- with one network, the noise is stated, not measured: the standard deviation of each entry over
+  networks from finite-width theory (:func:`stated_token_noise`: the fluctuations of the B sets'
+  token kernels propagated through the graph at its widths and initializations, attention mixing
+  them as A dK A^T; ``sigprop.client.finite_width``, after Hanin and Nica, "Products of Many Large
+  Random Matrices and Gradients in Deep Neural Networks", arXiv:1812.05994). Flagged beyond 3
+  noise + 0.02.
 
 Each node's q is measured too and set beside the answer's scalar program, where attention and
 layer norm pass q through (q = q* = 1 for TAT and DKS; 0 for the zero-initialized queries, op
@@ -32,6 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .finite_width import propagate
+from .sampling_noise import token_noise, token_representatives
 
 __all__ = [
     "FLAG_SIGMAS",
@@ -164,29 +166,31 @@ class TokenKernelDiagnosis:
                 pred = f"{n.q_predicted:8.4f}" if n.q_predicted is not None else "       -"
                 lines.append(f"{n.id:<{width}}  {n.op:<11} {pred} {n.q_measured:8.4f}")
         lines += [f"WARNING: {w}" for w in self.warnings]
+        lines.append(self.verdict())
         return "\n".join(lines)
 
     __str__ = table
 
-
-def dense_layers(graph: dict) -> tuple[int, int]:
-    """(dense layers on the longest path, the narrowest width) of a sequence graph."""
-    depth: dict[str, int] = {}
-    width = []
-    for nd in graph.get("nodes", []):
-        d = max((depth.get(i, 0) for i in nd.get("inputs", [])), default=0)
-        if nd["op"] == "dense":
-            d += 1
-            width.append(int(nd["units"]))
-        depth[nd["id"]] = d
-    return max(depth.values(), default=0), min(width, default=1)
+    def verdict(self) -> str:
+        """One line: PASS, or FAIL with the worst entry and the likely cause (``judge_tokens``)."""
+        if self.ok:
+            return (
+                f"verdict: PASS: every output token-kernel entry within {self.threshold:.3g} noise + {SLACK:g} of the "
+                f"answer's (largest {self.max_sigmas:.2g} noise)"
+            )
+        return "verdict: FAIL: " + "; ".join(self.warnings or ["output token-kernel entries off their prediction"])
 
 
-def stated_token_noise(predicted: np.ndarray, graph: dict) -> np.ndarray:
-    """One network's stated noise per entry (module docstring)."""
-    layers, narrow = dense_layers(graph)
-    d = np.diag(predicted)
-    return np.sqrt((np.outer(d, d) + predicted**2) * max(layers, 1) / (4 * narrow))
+def stated_token_noise(sol, graph: dict, tokens, phi) -> np.ndarray:
+    """One network's stated noise per entry of the output token kernel measured on ``tokens``
+    ([B, T, D], the sets fed; their mean kernel is measured): the standard deviation over networks
+    from finite-width theory at the graph's widths and the answer's initializations (module
+    docstring). ``phi``: the answer's transformed activation as a numpy function."""
+    rep = token_representatives(tokens)
+    out = propagate(
+        graph, sol, rep.kernel, rep.shape, phi, lambda k, dk, shape, _: token_noise(k, dk, shape, rep.examples)
+    )
+    return next(out[nd["id"]] for nd in graph["nodes"] if nd["op"] == "output")
 
 
 def judge_tokens(diag: TokenKernelDiagnosis, *, layer: str = "a Dense layer") -> None:

@@ -24,6 +24,7 @@ from ..diagnosis import (
 from ..pairs import channels_last_pair, q_and_c
 from ..solution import as_solution
 from .extraction import extract
+from .layers import TransformedActivation
 
 __all__ = ["diagnose", "input_pair"]
 
@@ -78,25 +79,43 @@ def diagnose(model, solution, example_input, *, input_c: float = 0.5, same_locat
     Runs the model once, in inference mode, on the pair :func:`input_pair` builds from
     ``example_input`` (a channels-last batch; q = 1 and cosine ``input_c`` per example, per location
     for feature maps) and returns a :class:`~sigprop.client.diagnosis.Diagnosis`, as the torch and
-    JAX adapters do: ``str()`` is the table. One finite-width network deviates from the prediction
-    by a few ``1 / sqrt(width x pairs x locations)``; average several seeds for a tighter check.
+    JAX adapters do: ``str()`` is the table, ending with the verdict. One finite-width network
+    deviates from the prediction by the noise each row states (finite-width theory); average
+    several seeds for a tighter check.
     tat and dks answers only (ValueError otherwise)."""
     sol = as_solution(solution)
     x1, x2 = input_pair(example_input, input_c, same_locations=same_locations, seed=seed)
     ext = extract(model)
     one_channel = x1.ndim > 2 and x1.shape[-1] == 1
-    predicted = predict(ext.graph, sol, input_c, same_locations=same_locations, one_channel=one_channel)
     values = _run(ext, np.concatenate([x1, x2]))
     half = x1.shape[0]
     ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
-    noise = stated_noise(ext.graph, predicted, int(half))
+    measured = {gid: _q_and_c(values[gid], half) for gid in ops if gid in values}
+    # the prediction is for the pair measured (its cosine is input_c only to rounding, and to within
+    # 1 / locations for a one-channel pair)
+    actual_c = next(measured[gid][1] for gid, op in ops.items() if op == "input")
+    predicted = predict(ext.graph, sol, actual_c, same_locations=same_locations, one_channel=one_channel)
+    first = (0, x1.ndim - 1, *range(1, x1.ndim - 1))  # channels last -> channels first
+    noise = stated_noise(ext.graph, sol, np.transpose(x1, first), np.transpose(x2, first), _phi(sol))
     rows = []
     for gid, p in predicted.items():
         if ops[gid] in SHOWN_OPS:
-            q, c = _q_and_c(values[gid], half)
+            q, c = measured[gid]
             rows.append(with_noise(LayerDiagnosis(gid, ops[gid], p.q, q, p.c, c, p.note), noise[gid]))
-    c_global = interpolate(input_c, sol.c_map.c, sol.c_map.global_) if sol.c_map is not None else None
+    c_global = interpolate(actual_c, sol.c_map.c, sol.c_map.global_) if sol.c_map is not None else None
     scope = "location" if x1.ndim > 2 else "example"
-    diag = Diagnosis(sol.method, sol.activation, input_c, 1.0, scope, int(half), rows, c_global, list(ext.warnings))
+    diag = Diagnosis(
+        sol.method, sol.activation, input_c, 1.0, scope, int(half), rows, c_global, list(ext.warnings), pair_c=actual_c
+    )
     judge(diag, ext.graph)  # the first node off its prediction by more than its noise, with the likely cause
     return diag
+
+
+def _phi(sol):
+    """The answer's transformed activation as a numpy function, for the stated noise (None where
+    it cannot be built: the noise then takes the activation as the identity)."""
+    try:
+        act = TransformedActivation.from_solution(sol)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return lambda z: np.asarray(keras.ops.convert_to_numpy(act(keras.ops.convert_to_tensor(z))), np.float64)

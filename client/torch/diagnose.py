@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.fx
 from torch import nn
@@ -18,6 +19,7 @@ from ..diagnosis import (
     SHOWN_OPS,
     Diagnosis,
     LayerDiagnosis,
+    Off,
     interpolate,
     judge,
     note_calibrations,
@@ -142,18 +144,21 @@ def diagnose(
     Runs ``model`` once on the pair :func:`input_pair` builds from ``example_input`` (q = 1 and
     cosine ``input_c`` per example, per location for feature maps; default 0.5, a point where the C
     map of a TAT or DKS answer is neither 0 nor 1) and returns a :class:`~sigprop.client.diagnosis.
-    Diagnosis`: ``str()`` is a table, ``.layers`` the rows (``LayerDiagnosis``), ``.as_dicts()`` the
-    same as dicts. Empirical values are one finite-width network's: expect deviations of a few
-    ``1 / sqrt(width x pairs x locations)``; average several seeds for a tighter check. Nodes after
+    Diagnosis`: ``str()`` is a table ending with a verdict line, ``.layers`` the rows
+    (``LayerDiagnosis``), ``.as_dicts()`` the same as dicts. Empirical values are one finite-width
+    network's: each row states the standard deviation expected of it over networks (finite-width
+    theory, below); average several seeds for a tighter check. The predictions are for the pair's
+    measured cosine (``.pair_c``: ``input_c`` to rounding). Nodes after
     pooling are marked unless ``same_locations=True``; the ops ``apply`` calibrated on its example
     batch are marked with the effect it measured and its factor. tat and dks answers only
     (ValueError otherwise). The model's parameters and modes are left as they were.
 
-    Every row states the noise expected of its measurement at the network's widths
-    (``q_noise``, ``c_noise``: :func:`~sigprop.client.diagnosis.stated_noise`); a row off by more
-    than ``FLAG_SIGMAS`` of it is ``flagged``, and ``.warnings`` (printed under the table) names the
-    first such node with its likely cause: the activation not swapped in, the layer not
-    initialized by the answer, an op outside the graph, a BatchNorm left in. ``.ok`` is False then.
+    Every row states the noise expected of its measurement at the network's widths and the
+    answer's initializations (``q_noise``, ``c_noise``: :func:`~sigprop.client.diagnosis.stated_noise`,
+    finite-width theory; 0 where the layer is an isometry); a row off by more than ``FLAG_SIGMAS``
+    of it is ``flagged``, and ``.warnings`` (printed under the table) names the first such node with
+    its likely cause: the activation not swapped in, the layer not initialized by the answer, an
+    op outside the graph, a BatchNorm left in. ``.ok`` is False then, and so is the verdict line.
 
     A sequence model ``apply`` rewrote is diagnosed by its output token kernel instead
     (:func:`~sigprop.client.torch.sequence_diagnose.diagnose_tokens`: ``example_input`` and
@@ -177,12 +182,15 @@ def diagnose(
         )
     unmodelled = {e.gid for e in ext.entries.values() if e.unsupported}
     one_channel = x1.dim() > 2 and x1.shape[1] == 1
-    predicted = predict(
-        ext.graph, sol, input_c, same_locations=same_locations, unmodelled=unmodelled, one_channel=one_channel
-    )
     measured, values = _measure(model, ext, x1, x2)
+    # the prediction is for the pair measured: its cosine is input_c only to rounding (and to within
+    # 1 / locations for a one-channel pair, which flips a whole number of locations)
+    actual_c = next(measured[nd["id"]][1] for nd in ext.graph["nodes"] if nd["op"] == "input")
+    predicted = predict(
+        ext.graph, sol, actual_c, same_locations=same_locations, unmodelled=unmodelled, one_channel=one_channel
+    )
     ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
-    noise = stated_noise(ext.graph, predicted, int(x1.shape[0]))
+    noise = stated_noise(ext.graph, sol, x1.double().cpu().numpy(), x2.double().cpu().numpy(), _phi(sol, ext))
     rows = [
         with_noise(LayerDiagnosis(gid, ops[gid], p.q, measured[gid][0], p.c, measured[gid][1], p.note), noise[gid])
         for gid, p in predicted.items()
@@ -190,7 +198,7 @@ def diagnose(
     ]
     c_global = None
     if sol.c_map is not None:
-        c_global = interpolate(input_c, sol.c_map.c, sol.c_map.global_)
+        c_global = interpolate(actual_c, sol.c_map.c, sol.c_map.global_)
     diag = Diagnosis(
         sol.method,
         sol.activation,
@@ -200,6 +208,7 @@ def diagnose(
         int(x1.shape[0]),
         rows,
         c_global,
+        pair_c=actual_c,
     )
     note_calibrations(diag, getattr(model, "sigprop_calibrations", ()))  # what apply measured
     outside = {e.gid: f"{e.desc}: {e.unsupported}" for e in ext.entries.values() if e.unsupported}
@@ -209,7 +218,29 @@ def diagnose(
     for gid, why in list(wrong.items())[:3]:
         if f"node '{gid}'" not in named:  # off by less than its noise, but certainly not the answer's function
             diag.warnings.append(f"node '{gid}' (activation): {why}")
+            diag.off.append(Off(gid, "activation", None, why))
     return diag
+
+
+def _phi(sol, ext):
+    """The answer's transformed activation as a numpy function (graph id -> one per activation node
+    when the answer has several functions), for the stated noise; None where it cannot be built."""
+
+    def numpy_fn(solution, defaults=None):
+        try:
+            act = TransformedActivation.from_solution(solution, defaults=defaults).double()
+        except (KeyError, ValueError, TypeError):
+            return None
+        return lambda z: act(torch.from_numpy(np.asarray(z, np.float64))).numpy()
+
+    if not (sol.activations and len(sol.activations) > 1):
+        return numpy_fn(sol)
+    fns = {}
+    for e in ext.entries.values():
+        if e.op == "activation":
+            node = next((nd for nd in ext.graph["nodes"] if nd["id"] == e.gid), {})
+            fns[e.gid] = numpy_fn(sol.for_function(node.get("fn") or sol.activation), e.fn_params)
+    return fns
 
 
 def _wrong_activations(ext, sol, values: dict) -> dict[str, str]:

@@ -31,6 +31,7 @@ from ..token_diagnosis import (
     token_kernel_of,
 )
 from ..token_diagnosis import orthonormal_tokens as _orthonormal_tokens
+from .modules import TransformedActivation
 from .sequence_apply import answer_part
 
 __all__ = ["TokenKernelDiagnosis", "diagnose_tokens", "orthonormal_tokens", "flag_sigmas", "FLAG_SIGMAS", "NodeQ"]
@@ -102,7 +103,7 @@ def diagnose_tokens(models, solution, *, batch: int = 4, seed: int = 0) -> Token
     if len(models) >= 2:
         noise, source = stack.std(axis=0, ddof=1) / math.sqrt(len(models)), "networks"
     else:
-        noise, source = stated_token_noise(predicted, graph), "stated"
+        noise, source = stated_token_noise(sol, graph, x.double().numpy(), _phi(sol)), "stated"
     q_star = sol.q_star if sol.q_star is not None else 1.0
     probes = _probes(models[0])
     nodes = [
@@ -123,3 +124,13 @@ def diagnose_tokens(models, solution, *, batch: int = 4, seed: int = 0) -> Token
     )
     judge_tokens(diag, layer="a Linear")
     return diag
+
+
+def _phi(sol):
+    """The answer's transformed activation as a numpy function, for the stated noise (None where
+    it cannot be built: the noise then takes the activation as the identity)."""
+    try:
+        act = TransformedActivation.from_solution(sol).double()
+    except (KeyError, ValueError, TypeError):
+        return None
+    return lambda z: act(torch.from_numpy(np.asarray(z, np.float64))).numpy()
