@@ -6,7 +6,7 @@ matrices, the MLPs' C maps, sums, layer norms; "Deep Transformers without Shortc
 Self-attention for Faithful Signal Propagation", He, Martens et al., arXiv:2302.10322, section 3).
 An adapter feeds such tokens to one or several applied networks and measures
 ``K_ij = y_i . y_j / width`` of the output tokens; this module compares, entry by entry, as
-``sigprop.client.torch.sequence_diagnose`` and ``sigprop.client.jax_token_diagnose`` do with it
+``sigprop.client.torch.sequence_diagnose`` and ``sigprop.client.jax.token_diagnose`` do with it
 (same fields, same noise, same judgement):
 
 - with several networks, the noise of each entry is the standard error of the mean over them,

@@ -9,7 +9,7 @@ import jax
 
 import sigprop
 from sigprop.client import jax as sjax
-from sigprop.client.jax_attention import ShapedAttention
+from sigprop.client.jax.attention import ShapedAttention
 
 
 class Block(nn.Module):

@@ -55,7 +55,7 @@ def _graph(model, x):
 
 def _q(model, params, x) -> dict[str, float]:
     """Mean square of every graph node's value on ``x``."""
-    from sigprop.client.jax_extraction import extract_flax
+    from sigprop.client.jax.extraction import extract_flax
 
     ext = extract_flax(model, params, x, allow_unsupported=True)
     return {k: float(np.mean(np.square(np.asarray(v, np.float64)))) for k, v in ext.values.items()}

@@ -198,7 +198,7 @@ def test_leaky_relu_is_an_activation_however_it_is_written(act, slope):
     graph, _ = sjax.graph_from_flax(MLP(depth=2, width=32, act=act), x)
     assert _ops(graph) == {"input": 1, "dense": 3, "activation": 2, "output": 1}
     assert [nd["id"] for nd in graph["nodes"] if nd["op"] == "activation"] == ["leaky_relu_act", "leaky_relu_act_1"]
-    from sigprop.client.jax_extraction import _PROBE, _classify
+    from sigprop.client.jax.extraction import _PROBE, _classify
 
     assert _classify(np.asarray(act(jnp.asarray(_PROBE, jnp.float32)), np.float64))[1] == {
         "negative_slope": pytest.approx(slope, rel=1e-5)

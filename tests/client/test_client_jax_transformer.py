@@ -18,9 +18,9 @@ nn = pytest.importorskip("flax.linen")
 import jax.numpy as jnp  # noqa: E402
 
 from sigprop.client import jax as sjax  # noqa: E402
-from sigprop.client.jax_attention import ShapedAttention  # noqa: E402
-from sigprop.client.jax_extraction import extract_flax  # noqa: E402
-from sigprop.client.jax_shaping import attention_matrix, install_init  # noqa: E402
+from sigprop.client.jax.attention import ShapedAttention  # noqa: E402
+from sigprop.client.jax.extraction import extract_flax  # noqa: E402
+from sigprop.client.jax.shaping import attention_matrix, install_init  # noqa: E402
 from sigprop.client.token_diagnosis import TokenKernelDiagnosis, orthonormal_tokens  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.attention_init import expand_attention  # noqa: E402

@@ -18,7 +18,7 @@ Three things an answer tells a model, each usable on its own:
   (``sigprop.client.calibration``).
 
 - :func:`graph_from_flax` -- the graph of a ``flax.linen`` module and the answer-id -> params-path
-  mapping that :func:`apply_to_params` takes (``jax_extraction``: read off the jaxpr); and
+  mapping that :func:`apply_to_params` takes (``extraction``: read off the jaxpr); and
   :func:`diagnose`, per-node q and c of the applied Flax model against the answer.
 
 Layouts are JAX's: dense kernels ``[in, out]``, conv kernels ``[kh, kw, in, out]`` (any number
@@ -67,13 +67,14 @@ __all__ = [
     "input_pair",
 ]
 
-from .jax_activations import (  # noqa: E402 - after the JAX import check above
+from ..solution import as_solution, tailoring  # noqa: E402 - after the JAX import check above
+from .activations import (  # noqa: E402 - after the JAX import check above
     ACTIVATIONS,
     _as_float_array,
     _canonical,
     activation_fn,
 )
-from .jax_initializers import (  # noqa: E402 - after the JAX import check above
+from .initializers import (  # noqa: E402 - after the JAX import check above
     Initializer,
     _expected_fans,
     bias_initializer_for,
@@ -82,14 +83,13 @@ from .jax_initializers import (  # noqa: E402 - after the JAX import check above
     scaled_uniform_orthogonal,
     zeros,
 )
-from .jax_shaping import COLLECTION, answer_attention, install_answer_attention  # noqa: E402
-from .jax_trees import _MISSING, _get, _set  # noqa: E402 - after the JAX import check above
-from .solution import as_solution, tailoring  # noqa: E402 - after the JAX import check above
+from .shaping import COLLECTION, answer_attention, install_answer_attention  # noqa: E402
+from .trees import _MISSING, _get, _set  # noqa: E402 - after the JAX import check above
 
 PathLike = str | Sequence[Any]
 
 # --------------------------------------------------------------------------- activations
-# (the catalogue's phi in ``jax_activations``; re-exported here, where users import them)
+# (the catalogue's phi in ``activations``; re-exported here, where users import them)
 
 
 def transformed_activation(solution, name: str | None = None) -> Callable[[jax.Array], jax.Array]:
@@ -144,7 +144,7 @@ def sum_weights(solution, graph: Mapping) -> dict[str, list[float]]:
 
 
 # --------------------------------------------------------------------------- initializers
-# (in ``jax_initializers``; re-exported here, where users import them)
+# (in ``initializers``; re-exported here, where users import them)
 
 # --------------------------------------------------------------------------- params trees
 
@@ -404,7 +404,7 @@ def apply_to_params(
 
     A sequence model's answer (``attention``) also shapes each attention node the mapping names
     (``graph_from_flax`` maps it to its ``ShapedAttention`` module): its generator's matrix at
-    initialization goes into that module's ``"shaping"`` variables (``sigprop.client.jax_shaping``),
+    initialization goes into that module's ``"shaping"`` variables (``sigprop.client.jax.shaping``),
     so pass the whole variables dict; query kernels get the answer's zeros like any other layer, and
     the LayerNorms the mapping names (``layer_norm`` nodes) get scale 1 and bias 0.
 
@@ -475,7 +475,7 @@ def apply_to_params(
     if module is not None and example_input is not None and np.ndim(example_input) == 3:
         report.warnings.append("no calibration for sequence models: their graphs have no op it measures")
     elif module is not None and example_input is not None:
-        from .jax_calibration import calibrate_params
+        from .calibration import calibrate_params
 
         new, report.calibrations, notes = calibrate_params(module, new, sol, example_input, kernel_names, bias_names)
         report.warnings.extend(notes)
@@ -484,7 +484,7 @@ def apply_to_params(
 
 def _install_attention(tree, generators: Mapping[str, dict], mapping: Mapping, report: ApplyReport):
     """``tree`` with the answer's attention matrices at init installed in the mapped ShapedAttention
-    modules' ``"shaping"`` variables (``jax_shaping``); one ``attention`` change per node, whose
+    modules' ``"shaping"`` variables (``shaping``); one ``attention`` change per node, whose
     ``scale`` is the largest entry of the rescaling D (1 for Value-SkipInit and shaped attention)."""
     if not generators:
         return tree
@@ -530,6 +530,6 @@ def _reset_layer_norms(tree, params, mapping: Mapping, report: ApplyReport):
     return tree
 
 
-# Flax extraction and diagnostics live in ``jax_extraction`` (re-exported here)
-from .jax_diagnose import diagnose, input_pair  # noqa: E402
-from .jax_extraction import graph_from_flax  # noqa: E402
+# Flax extraction and diagnostics live in ``extraction`` (re-exported here)
+from .diagnose import diagnose, input_pair  # noqa: E402
+from .extraction import graph_from_flax  # noqa: E402

@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
 
-from ..schemas.errors import SigpropError
-from ..schemas.graph import unsupported_note
-from .adapters import check_assumptions, finish_graph
-from .jax_activations import activation_fn  # the catalogue's exact phi
-from .jax_sequence import ATTENTION_HINT, dense_on_tokens, sequence_step, settle, written_out_attention
+from ...schemas.errors import SigpropError
+from ...schemas.graph import unsupported_note
+from ..adapters import check_assumptions, finish_graph
+from .activations import activation_fn  # the catalogue's exact phi
+from .sequence import ATTENTION_HINT, dense_on_tokens, sequence_step, settle, written_out_attention
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
 _ELEMENTWISE = {
@@ -99,7 +99,7 @@ class _Walker:
 
     def __init__(self, allow_unsupported: bool, sequence: bool = False):
         self.allow = allow_unsupported
-        self.sequence = sequence  # a [B, T, D] input: per-token layers, attention, layer norms (jax_sequence)
+        self.sequence = sequence  # a [B, T, D] input: per-token layers, attention, layer norms (sequence.py)
         self.nodes: list[dict] = []
         self.ids: set[str] = set()
         self.mapping: dict[str, tuple] = {}
@@ -567,9 +567,9 @@ def graph_from_flax(
     raising ``unsupported_structure``).
 
     A sequence ``[B, T, D]`` gives a sequence graph (input ``{"shape": [T, D], "sequence": true}``):
-    ``nn.Dense`` per token, ``sigprop.client.jax_attention.ShapedAttention`` on three Dense layers of
+    ``nn.Dense`` per token, ``sigprop.client.jax.attention.ShapedAttention`` on three Dense layers of
     one input an ``attention`` node, ``nn.LayerNorm`` a ``layer_norm`` node; the mapping also names
-    their modules (``jax_sequence``).
+    their modules (``sequence``).
     """
     import warnings
 

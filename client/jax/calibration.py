@@ -2,7 +2,7 @@
 answer cannot predict (:mod:`sigprop.client.calibration` decides which nodes and computes factors).
 
 Each wave of measurements reads the graph nodes' values off the jaxpr of ``module.apply`` on the
-example batch (``jax_extraction``, the same values ``diagnose`` measures); the factors go into the
+example batch (``extraction``, the same values ``diagnose`` measures); the factors go into the
 params tree's kernels (and biases). JAX code cannot be rewritten, so a node whose factor no layer
 can take is reported, not calibrated.
 """
@@ -15,10 +15,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ..schemas.solve import Solution
-from .calibration import Calibration, Placement, answer_uncovered, calibrate, measured_nodes
-from .jax_extraction import extract_flax
-from .jax_trees import _MISSING, _get, _set
+from ...schemas.solve import Solution
+from ..calibration import Calibration, Placement, answer_uncovered, calibrate, measured_nodes
+from .extraction import extract_flax
+from .trees import _MISSING, _get, _set
 
 __all__ = ["calibrate_params"]
 

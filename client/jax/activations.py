@@ -1,7 +1,7 @@
 """The catalogue's activations as jax-traceable functions: :func:`activation_fn` (re-exported by
 ``sigprop.client.jax``, where users import it).
 
-A module of its own so that ``jax_extraction`` (which recognizes activations in a jaxpr by probing
+A module of its own so that ``extraction`` (which recognizes activations in a jaxpr by probing
 them) and ``jax`` (which transforms them) both read it, and neither imports the other.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from ..schemas.activations import ACTIVATION_NAMES, CATALOGUE, GELU_TANH_K, SELU_ALPHA, SELU_LAMBDA, canonical_name
+from ...schemas.activations import ACTIVATION_NAMES, CATALOGUE, GELU_TANH_K, SELU_ALPHA, SELU_LAMBDA, canonical_name
 
 __all__ = ["ACTIVATIONS", "activation_fn"]
 

@@ -10,11 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..schemas.activations import CATALOGUE, canonical_name
-from .jax_activations import activation_fn
-from .jax_extraction import extract_flax
-from .solution import as_solution, tailored, tailoring
-from .token_diagnosis import (
+from ...schemas.activations import CATALOGUE, canonical_name
+from ..solution import as_solution, tailored, tailoring
+from ..token_diagnosis import (
     NodeQ,
     TokenKernelDiagnosis,
     answer_token_kernel,
@@ -23,6 +21,8 @@ from .token_diagnosis import (
     stated_token_noise,
     token_kernel_of,
 )
+from .activations import activation_fn
+from .extraction import extract_flax
 
 __all__ = ["TokenKernelDiagnosis", "diagnose_tokens", "measure_token_kernel", "orthonormal_tokens"]
 

@@ -1,6 +1,6 @@
 """Reading and replacing leaves of a params tree (nested mappings: Flax or Haiku style) without
 modifying it; shared by ``apply_to_params`` (``sigprop.client.jax``) and its calibration
-(``jax_calibration``)."""
+(``calibration``)."""
 
 from __future__ import annotations
 

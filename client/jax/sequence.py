@@ -1,6 +1,6 @@
 """Sequence models in the Flax extraction: attention calls, layer norms and per-token Dense layers.
 
-``jax_extraction`` reads a ``sigprop.graph/v1`` graph off the jaxpr of ``module.apply``; with a
+``extraction`` reads a ``sigprop.graph/v1`` graph off the jaxpr of ``module.apply``; with a
 ``[B, T, D]`` input (tokens first, features last: the graph's input is ``{"shape": [T, D],
 "sequence": true}``) these steps join it (the ops of issue 28's design, after "Deep Transformers
 without Shortcuts: Modifying Self-attention for Faithful Signal Propagation", He, Martens et al.,
@@ -8,7 +8,7 @@ arXiv:2302.10322):
 
 - a ``dot_general`` of a network value ``[B, T, D]`` by a ``[D, F]`` params kernel (``nn.Dense``
   applied per token) is a ``dense`` node;
-- a call of ``sigprop.client.jax_shaping.mixing_function`` (what ``ShapedAttention`` runs; a
+- a call of ``sigprop.client.jax.shaping.mixing_function`` (what ``ShapedAttention`` runs; a
   single jitted call in the jaxpr, its name carrying ``heads`` and ``causal``) is an ``attention``
   node on its queries, keys and values, which must be Dense layers of one input; the mapping
   gives the module's path, where ``apply_to_params`` installs the answer's matrix at init;
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .jax_shaping import COLLECTION, parse_core_name
+from .shaping import COLLECTION, parse_core_name
 
 ATTENTION_HINT = (
-    "use sigprop.client.jax_attention.ShapedAttention(heads, max_len, causal) as the token mixer on "
+    "use sigprop.client.jax.attention.ShapedAttention(heads, max_len, causal) as the token mixer on "
     "nn.Dense queries, keys and values of one input (it is plain softmax attention until an answer is "
     "installed): written-out attention (nn.dot_product_attention, nn.MultiHeadDotProductAttention) has "
     "random queries and keys, which give no fixed token mixing at initialization, and JAX code cannot be "
@@ -84,7 +84,7 @@ def _normalized(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 def sequence_step(w, eqn, ins: list, net_type) -> bool:
     """Handle one equation of a sequence model that plain extraction does not: True if handled.
 
-    ``net_type``: ``jax_extraction._Net`` (passed in, so that module is imported only one way)."""
+    ``net_type``: ``extraction._Net`` (passed in, so that module is imported only one way)."""
     region = layer_norm_module(w)
     for v in eqn.invars:
         kind = w.kind_of(v)

@@ -14,7 +14,7 @@ plain (causal or full) attention. Its default state (``bias`` = the plain mask, 
 ``flax.linen.dot_product_attention`` with a causal mask when ``causal``.
 
 The installed state lives in the variable collection ``"shaping"`` (never trained: pass the whole
-variables dict to ``apply``); ``sigprop.client.jax_shaping.install_init`` writes an answer's matrix
+variables dict to ``apply``); ``sigprop.client.jax.shaping.install_init`` writes an answer's matrix
 at initialization (``sigprop.schemas.attention_init.expand_attention``) into it
 (``sigprop.client.jax.apply_to_params`` does so for every attention node of an answer), so that
 with zero query weights the module mixes tokens with exactly ``AttentionInit.matrix()``:
@@ -32,7 +32,7 @@ with zero query weights the module mixes tokens with exactly ``AttentionInit.mat
 The matrices are stored for ``max_len`` tokens; a shorter sequence uses their leading block, which
 for causal attention is exactly the matrix of the shorter sequence.
 
-The mixing itself is ``jax_shaping.mixing_function``, one jitted call the extraction recognizes.
+The mixing itself is ``shaping.mixing_function``, one jitted call the extraction recognizes.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import functools
 import flax.linen as nn
 import jax.numpy as jnp
 
-from ..schemas.attention_init import mask_bias
-from .jax_shaping import COLLECTION, attention_matrix, install_init, mixing_function
+from ...schemas.attention_init import mask_bias
+from .shaping import COLLECTION, attention_matrix, install_init, mixing_function
 
 __all__ = ["ShapedAttention", "install_init", "attention_matrix"]
 

@@ -1,5 +1,5 @@
 """Attention state for Flax models, without Flax: the mixing function :class:`ShapedAttention` runs
-(``sigprop.client.jax_attention``), and an answer's attention initializations written into a
+(``sigprop.client.jax.attention``), and an answer's attention initializations written into a
 variables tree.
 
 An answer shapes each ``attention`` node with a generator (contract, ``attention.layers``);
@@ -14,7 +14,7 @@ writes into one module's ``"shaping"`` collection as the torch module's ``load_i
 
 The mixing runs in one jitted function named ``sigprop_attention_<heads>_<causal>``
 (:func:`core_name`), so that ``graph_from_flax`` finds it in the jaxpr as a single call and reads
-``heads`` and ``causal`` off its name (``jax_extraction``).
+``heads`` and ``causal`` off its name (``extraction``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..schemas.attention_init import AttentionInit, expand_attention, mask_bias
+from ...schemas.attention_init import AttentionInit, expand_attention, mask_bias
 
 __all__ = [
     "COLLECTION",
@@ -198,7 +198,7 @@ def install_answer_attention(tree, generators: Mapping[str, dict], mapping: Mapp
     AttentionInit)``, ``not_found`` ``(node id, path, why)``. The matrices are expanded for the
     module's ``max_len`` (its stored bias): for causal attention their leading ``T x T`` block is the
     answer's matrix for ``T`` tokens (the Cholesky factors of leading blocks are leading blocks)."""
-    from .jax_trees import _MISSING, _get, _set
+    from .trees import _MISSING, _get, _set
 
     installed, not_found, notes = [], [], []
     new = tree

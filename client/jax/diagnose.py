@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ..schemas.activations import CATALOGUE, canonical_name
-from .diagnosis import (
+from ...schemas.activations import CATALOGUE, canonical_name
+from ..diagnosis import (
     SHOWN_OPS,
     Diagnosis,
     LayerDiagnosis,
@@ -17,11 +17,11 @@ from .diagnosis import (
     stated_noise,
     with_noise,
 )
-from .jax_activations import activation_fn
-from .jax_extraction import extract_flax
-from .jax_token_diagnose import diagnose_tokens
-from .pairs import channels_last_pair, q_and_c
-from .solution import as_solution, tailored, tailoring
+from ..pairs import channels_last_pair, q_and_c
+from ..solution import as_solution, tailored, tailoring
+from .activations import activation_fn
+from .extraction import extract_flax
+from .token_diagnose import diagnose_tokens
 
 __all__ = ["diagnose", "input_pair"]
 
@@ -56,7 +56,7 @@ def diagnose(
     measured on B sets of orthonormal tokens against the answer's ``token_kernel.output``, for one
     network or a list of them (the same model applied with different keys): a
     ``sigprop.client.token_diagnosis.TokenKernelDiagnosis``
-    (:func:`sigprop.client.jax_token_diagnose.diagnose_tokens`)."""
+    (:func:`sigprop.client.jax.token_diagnose.diagnose_tokens`)."""
     if jnp.ndim(example_input) == 3:
         return diagnose_tokens(model, solution, example_input, seed=seed)
     module, variables = model if isinstance(model, tuple) else model.unbind()
