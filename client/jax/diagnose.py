@@ -5,7 +5,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ...schemas.activations import CATALOGUE, canonical_name
 from ..diagnosis import (
     SHOWN_OPS,
     Diagnosis,
@@ -18,10 +17,9 @@ from ..diagnosis import (
     with_noise,
 )
 from ..pairs import channels_last_pair, q_and_c
-from ..solution import as_solution, tailored, tailoring
-from .activations import activation_fn
+from ..solution import as_solution
 from .extraction import extract_flax
-from .token_diagnose import diagnose_tokens
+from .token_diagnose import answer_phi, diagnose_tokens
 
 __all__ = ["diagnose", "input_pair"]
 
@@ -72,7 +70,7 @@ def diagnose(
     actual_c = next(measured[gid][1] for gid, op in ops.items() if op == "input")
     predicted = predict(ext.graph, sol, actual_c, same_locations=same_locations, one_channel=one_channel)
     first = (0, x1.ndim - 1, *range(1, x1.ndim - 1))  # channels last -> channels first
-    noise = stated_noise(ext.graph, sol, np.transpose(x1, first), np.transpose(x2, first), _phi(sol))
+    noise = stated_noise(ext.graph, sol, np.transpose(x1, first), np.transpose(x2, first), answer_phi(sol))
     rows = []
     for gid, p in predicted.items():
         if ops[gid] in SHOWN_OPS:
@@ -85,15 +83,3 @@ def diagnose(
     note_calibrations(diag, calibrations)
     judge(diag, ext.graph)
     return diag
-
-
-def _phi(sol):
-    """The answer's transformed activation as a numpy function, for the stated noise (None where
-    it cannot be built: the noise then takes the activation as the identity)."""
-    key = canonical_name(sol.activation)
-    if key is None:
-        return None
-    given = {"negative_slope": sol.negative_slope, "tau": sol.tau, "m": sol.m}
-    fn = activation_fn(key, **{k: v for k, v in given.items() if k in CATALOGUE[key].defaults})
-    a, b, c, d = tailoring(sol)
-    return lambda z: np.asarray(tailored(fn, jnp.asarray(z), a, b, c, d), np.float64)

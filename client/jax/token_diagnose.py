@@ -84,7 +84,7 @@ def diagnose_tokens(models, solution, example_input, *, seed: int = 0) -> TokenK
     if len(nets) >= 2:
         noise, source = stack.std(axis=0, ddof=1) / np.sqrt(len(nets)), "networks"
     else:
-        noise, source = stated_token_noise(sol, graph, np.asarray(x, np.float64), _phi(sol)), "stated"
+        noise, source = stated_token_noise(sol, graph, np.asarray(x, np.float64), answer_phi(sol)), "stated"
     attention = getattr(sol, "attention", None)
     diag = TokenKernelDiagnosis(
         sol.method,
@@ -101,7 +101,7 @@ def diagnose_tokens(models, solution, example_input, *, seed: int = 0) -> TokenK
     return diag
 
 
-def _phi(sol):
+def answer_phi(sol):
     """The answer's transformed activation as a numpy function, for the stated noise (None where
     it cannot be built: the noise then takes the activation as the identity)."""
     key = canonical_name(sol.activation)
