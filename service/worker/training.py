@@ -124,14 +124,17 @@ def input_mean_square(sol: Solution) -> float | None:
     """The mean squared input value the answer's analysis assumes, or None (no assumption).
 
     Kernel methods fix the pre-activation second moment of every layer at q* (1 unless the answer
-    says otherwise); the first layer gets it from inputs with mean square (q* - sigma_b2) / sigma_w2,
-    which is q* for TAT and DKS (sigma_w2 = 1, sigma_b2 = 0). Sparse EoC needs this: its q* is
-    stable only from one side, and inputs at q* instead (pre-activations at sigma_w2 q* + sigma_b2)
-    can sit on the unstable side. Geometric answers state it (``input_second_moment``)."""
+    says otherwise); for TAT and DKS the first layer gets it from inputs with mean square
+    (q* - sigma_b2) / sigma_w2, which is q* (sigma_w2 = 1, sigma_b2 = 0). EoC and sparse EoC plan
+    the layer reading the input as q-preserving for inputs of mean square 1 (``sigma_w2`` = q*, no
+    bias: docs/contract.md, "Edge of Chaos input"), so their inputs are at 1; sparse EoC needs it,
+    its q* being stable from one side only. Geometric answers state it (``input_second_moment``)."""
     if sol.method == "geometric":
         return float(sol.input_second_moment) if sol.input_second_moment is not None else None
     if sol.method not in _KERNEL_METHODS:
         return None
+    if sol.method in ("eoc", "sparse_eoc"):
+        return 1.0
     q = float(sol.q_star) if sol.q_star is not None else 1.0
     sw2 = float(sol.sigma_w2) if sol.sigma_w2 else 1.0
     sb2 = float(sol.sigma_b2) if sol.sigma_b2 else 0.0

@@ -98,7 +98,9 @@ def test_preactivation_rewrite_keeps_q_at_the_logits(sp, build, eta):
     assert len(report.rewritten) == (8 if build is resnet18 else 16)
     graph = graph_from_module(report.model, example())
     sol = sp.solve(graph, "tat", "leaky_relu", {"eta": eta})
-    assert sol.assumptions.holds
+    # only the pools are outside the answer (their locations are not known to agree); here they do
+    pools = {nd["id"] for nd in graph["nodes"] if nd["op"] in ("max_pool", "avg_pool", "global_avg_pool")}
+    assert sol.assumptions.violations and set(sol.assumptions.violations) <= pools
     qs, cs = [], []
     for seed in range(6):
         torch.manual_seed(seed)

@@ -280,8 +280,9 @@ def test_baselines_eoc_plain_and_sparse_answer():
     s = res["runs"]["solved"]
     assert s["sparsity"]["predicted"] == pytest.approx(0.7, abs=1e-6)
     assert abs(s["sparsity"]["init"] - 0.7) < 0.08
-    # the first layer's pre-activations sit at q* = 1: inputs scaled to (q* - sigma_b2) / sigma_w2
-    assert s["input_mean_square"] == pytest.approx((1 - sol.sigma_b2) / sol.sigma_w2, rel=1e-4)
+    # the first layer (q-preserving, sigma_w2 = q* = 1) puts its pre-activations at q* from inputs of q = 1
+    assert sol.layers[0].q == pytest.approx(1.0) and sol.layers[0].bias_variance == 0.0
+    assert s["input_mean_square"] == pytest.approx(1.0, rel=1e-4)
     assert set(s["sparsity"]["init_per_layer"]) == {f"act_{i}" for i in range(6)}
     eoc = res["runs"]["eoc"]
     assert eoc["solution"]["method"] == "eoc" and eoc["apply"]["complete"]
