@@ -54,7 +54,7 @@ from ..schemas.shapes import infer_shapes
 __all__ = ["propagate", "PROBES"]
 
 PROBES = 1024  # noise realizations: the stated standard deviations are good to about 1 / sqrt(2 PROBES)
-_QUAD = 32  # Gauss-Hermite nodes per axis of the 2-D expectations
+_QUAD = 16  # Gauss-Hermite nodes per axis of the 2-D expectations (a noise, needed to a few %)
 _STEP = 1e-3  # of phi's table: linear interpolation is exact to ~1e-7 relative for smooth phi
 _REACH = 12.0  # the table's half-width in standard deviations (nodes beyond weigh under 1e-30)
 _ORTHOGONAL = ("scaled_uniform_orthogonal", "orthogonal_delta")
