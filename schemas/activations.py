@@ -7,7 +7,7 @@ families it belongs to. The sparsifying activations are Price et al., "Deep neur
 initialization with sparsity inducing activations", equations (7)-(10).
 
 Every implementation reads its names, defaults, aliases and constants from here: the engine's
-closed-form phi, phi', phi'' (``sigprop.engine.activations``), the PyTorch and JAX adapters'
+closed-form phi, phi', phi'' (``sigprop.engine.maps.activations``), the PyTorch and JAX adapters'
 phi (``sigprop.client.torch``, ``sigprop.client.jax``) and the validation worker's models. Each
 of them holds only its own formulas, keyed by these names.
 """

@@ -110,7 +110,7 @@ def private_nodes(
     along (into linear nodes, and into activations whose output enters a combination): v is private
     iff it post-dominates its whole cone, i.e. iff the lowest common post-dominator P(v) of its cone
     is v itself, and P(v) = LCA(v, P(i) over its tracked inputs i). Post-dominators as in
-    ``engine.subnetworks`` (a reverse pass, climbing by depth), so about linear for the usual
+    ``engine.network.subnetworks`` (a reverse pass, climbing by depth), so about linear for the usual
     graphs: a pre-activation residual stream, a tree of sums, and a stream after a shared sum has
     closed again are all private."""
     n = len(ops)

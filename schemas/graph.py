@@ -2,7 +2,7 @@
 
 Pydantic checks each node on its own (its op, attributes and their ranges); whether the nodes
 form a valid DAG (cycles, dangling inputs, arity, one output, shapes) is checked by
-``sigprop.engine.graph.build_graph``, which needs the whole graph at once.
+``sigprop.engine.graph.build.build_graph``, which needs the whole graph at once.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from .activations import ActivationName
+from .ops import OP_TABLE
 
 GRAPH_SCHEMA = "sigprop.graph/v1"
 
@@ -171,23 +172,8 @@ Node = Annotated[
     Field(discriminator="op"),
 ]
 
-OPS = (
-    "input",
-    "dense",
-    "conv",
-    "activation",
-    "sum",
-    "concat",
-    "avg_pool",
-    "max_pool",
-    "global_avg_pool",
-    "flatten",
-    "dropout",
-    "identity",
-    "output",
-    "attention",
-    "layer_norm",
-)
+# the ops, in the order of the op table (``schemas.ops``), which defines each
+OPS = tuple(OP_TABLE)
 
 
 class Graph(BaseModel):
@@ -200,7 +186,7 @@ class Graph(BaseModel):
 
 
 # The templates and the Template fields each one takes, in the order GET /v1/templates lists them.
-# The request parser names them in its errors and the engine's expanders (engine.templates) take
+# The request parser names them in its errors and the engine's expanders (engine.templates.expand) take
 # exactly these, so both read them here rather than the parser reaching into the engine.
 TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
     "mlp": ("depth", "width", "input_shape", "classes", "bias"),

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from .engine.graph import ATTENTION
 from .engine.limits import MAX_TOKEN_KERNEL, Limits, token_work
 from .engine.solve import Prepared, prepare
-from .engine.template_builder import TemplateSize
-from .engine.templates import TEMPLATES
-from .engine.transformer_template import transformer_param
+from .engine.templates.builder import TemplateSize
+from .engine.templates.expand import TEMPLATES
+from .engine.templates.transformer import transformer_param
 from .errors import SigpropError
 from .requests import SOLVE_HINT, load_json, parse_solve_request
 from .schemas.graph import Template
+from .schemas.ops import ATTENTION
 
 COST_HINT = (
     "split the network or use a smaller template depth, or raise SIGPROP_MAX_SOLVE_COST "

@@ -2,12 +2,12 @@
 and a body memo bounded in bytes.
 
 The cost of a solve is near-linear in the nodes plus the edges of the graph for every method (the
-engine's passes are; see ``engine.subnetworks``, ``engine.jacobian`` and ``engine.geometric``, and
-``bench/cost_bench.py`` for each method on graphs built to break that), so that sum is the
-estimate: counted on
-the parsed JSON for a node-by-node graph, computed exactly from a template's parameters
-(``TemplateSize``) for a template, in microseconds either way (``sigprop.preparation``, which
-admits every request); here, what the API checks before it parses a body at all.
+engine's passes are; see ``engine.network.subnetworks``, ``engine.network.jacobian`` and
+``engine.methods.geometric``, and ``bench/cost_bench.py`` for each method on graphs built to
+break that), so that sum is the estimate: counted on the parsed JSON for a node-by-node graph,
+computed exactly from a template's parameters (``TemplateSize``) for a template, in microseconds
+either way (``sigprop.preparation``, which admits every request); here, what the API checks before
+it parses a body at all.
 """
 
 from __future__ import annotations

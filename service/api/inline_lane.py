@@ -22,7 +22,7 @@ import threading
 import time
 
 from ..engine.budget import OverBudget, within
-from ..engine.sequence_graph import is_sequence_graph
+from ..engine.sequence.graph import is_sequence_graph
 from ..engine.solve import Prepared, solve_canonical
 from .observability import INLINE_SOLVES
 

@@ -11,7 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from ..engine.templates import TEMPLATES
+from ..engine.templates.expand import TEMPLATES
 from ..schemas.graph import Template
 from ..schemas.solve import ErrorResponse, SolveRequest
 from ..schemas.validation import ValidationRequest
@@ -43,7 +43,7 @@ def request_body(model) -> dict:
 
 
 def template_rules() -> list[dict]:
-    """JSON Schema branches of ``Template``, one per template (``engine.templates.TEMPLATES``): the
+    """JSON Schema branches of ``Template``, one per template (``engine.templates.expand.TEMPLATES``): the
     parameters it takes (any other must be absent or null), the ones it needs, the values it allows
     where they are a list (ResNet depths) and the lengths of its arrays (an image's input_shape);
     what a list cannot say (DenseNet's 6n+4 depths, sizes past the limits) stays the validator's

@@ -24,7 +24,7 @@ from typing import Protocol
 import redis
 from pydantic import ValidationError
 
-from ..engine.templates import expand_template
+from ..engine.templates.expand import expand_template
 from ..errors import SigpropError
 from ..requests import invalid_request, load_json, parse_solve_request
 from ..schemas.graph import Template

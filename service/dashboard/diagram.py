@@ -57,7 +57,7 @@ def wire_nodes(request: Any) -> tuple[list[dict], str | None]:
     if isinstance(graph, dict) and "template" in graph:
         from pydantic import ValidationError
 
-        from ..engine.templates import expand_template
+        from ..engine.templates.expand import expand_template
         from ..errors import SigpropError
         from ..schemas.graph import Template
         from ..settings import offline_limits

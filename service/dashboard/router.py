@@ -40,7 +40,7 @@ from fastapi.responses import RedirectResponse, Response
 from jinja2 import Environment, PackageLoader
 
 from .. import __version__
-from ..engine.templates import describe_templates
+from ..engine.templates.expand import describe_templates
 from ..errors import SigpropError
 from ..schemas.activations import (
     ACTIVATION_NAMES,

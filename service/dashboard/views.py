@@ -203,9 +203,9 @@ def _compute_untransformed(request: dict, answer: dict, grid: list[float]) -> li
     C map at q = 1 (the normalized map of phi itself), composed over the graph by the engine."""
     import numpy as np
 
-    from ..engine.activations import get_activation
-    from ..engine.program import compile_program
-    from ..engine.qc_maps import HermiteCMap
+    from ..engine.maps.activations import get_activation
+    from ..engine.maps.qc_maps import HermiteCMap
+    from ..engine.network.program import compile_program
     from ..engine.solve import prepare
     from ..requests import parse_solve_request
     from ..schemas.structure import structure_report

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_NODES = 100_000  # SIGPROP_MAX_NODES' default
 
-# Sequence graphs (``engine.sequence_solve``): an answer's predicted token kernel covers at most this
+# Sequence graphs (``engine.sequence.solve``): an answer's predicted token kernel covers at most this
 # many tokens (a fixed part of the engine, so an answer is a function of its request alone): T x T
 # floats in the answer, and the T^3 of each attention step in the solve.
 MAX_TOKEN_KERNEL = 256

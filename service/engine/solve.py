@@ -3,7 +3,7 @@
 ``prepare`` canonicalizes the request and computes its key without solving (the service looks the
 key up in its cache first); ``solve_canonical`` solves it on the anonymized graph (node ids replaced
 by ``#<canonical index>`` placeholders), which is what a cache stores; ``solve`` relabels that answer
-with the request's own ids. The methods themselves are the ``engine.methods`` registry. Serving
+with the request's own ids. The methods themselves are the ``engine.methods.registry`` registry. Serving
 cached answer text to other requests (relabelling the text, the ``cached`` flag) is the service's
 business: ``sigprop.answers``.
 """
@@ -21,17 +21,18 @@ import numpy as np
 
 from ..errors import SigpropError
 from ..schemas.graph import Template
+from ..schemas.ops import SUM
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
 from ..version import ENGINE_VERSION
-from .graph import SUM, NetworkGraph, Node, build_graph
+from .graph.build import NetworkGraph, Node, build_graph
 from .limits import Limits
-from .methods import METHOD_TARGETS, METHODS, MethodInput, check_targets
-from .program import compile_program
-from .sequence_graph import SequenceView, check_sequence_request, is_sequence_graph, scalar_view
-from .sequence_solve import complete_sequence_answer
-from .template_builder import TemplateSize
-from .templates import expand_template_nodes
+from .methods.registry import METHOD_TARGETS, METHODS, MethodInput, check_targets
+from .network.program import compile_program
+from .sequence.graph import SequenceView, check_sequence_request, is_sequence_graph, scalar_view
+from .sequence.solve import complete_sequence_answer
+from .templates.builder import TemplateSize
+from .templates.expand import expand_template_nodes
 
 __all__ = ["METHOD_TARGETS", "Prepared", "prepare", "relabel_text", "request_key", "solve", "solve_canonical"]
 
@@ -150,7 +151,7 @@ def solve_canonical(prep: Prepared) -> Solution:
     named = prep.graph if request.assumptions == "strict" else graph
     names = [nd.user_id for nd in named.nodes]
     view = _sequence_view(graph, prep.graph, request)
-    if view is not None:  # the activations are solved on the scalar view (engine.sequence_graph)
+    if view is not None:  # the activations are solved on the scalar view (engine.sequence.graph)
         graph, names = view.graph, [names[i] for i in view.origin]
     report = structure_report(graph.nodes)
     notes = check_structure(names, report, request.assumptions) if method.kernel else []

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.graph import build_graph
+from ..engine.graph.build import build_graph
 from ..errors import SigpropError
 from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution, SolveRequest
@@ -166,7 +166,7 @@ def _solve_request(request: dict, sol: Solution, template: dict) -> SolveRequest
 
 
 def _template_graph(template: dict) -> Graph:
-    from ..engine.templates import expand_template
+    from ..engine.templates.expand import expand_template
     from ..settings import offline_limits
 
     return expand_template(Template.model_validate(template), max_nodes=offline_limits().max_nodes)

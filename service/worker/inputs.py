@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..engine.templates import expand_template
+from ..engine.templates.expand import expand_template
 from ..errors import SigpropError
 from ..requests import invalid_request
 from ..schemas.graph import Graph, Template

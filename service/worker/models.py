@@ -1,6 +1,6 @@
 """PyTorch networks for validation runs, built from any canonical contract graph.
 
-``build_model(graph, n_classes)`` turns a canonical :class:`~sigprop.engine.graph.NetworkGraph`
+``build_model(graph, n_classes)`` turns a canonical :class:`~sigprop.engine.graph.build.NetworkGraph`
 into an ordinary ``torch.nn.Module`` (:class:`GraphModel`) that executes the graph node by node:
 
 =================  ==================================================================
@@ -55,7 +55,7 @@ from torch import nn
 
 from ..client.torch import ApplyReport, NormalizedSum, TransformedActivation, apply, graph_from_module, native_module
 from ..client.torch.attention import ShapedAttention
-from ..engine.graph import AFFINE, NetworkGraph, build_graph
+from ..engine.graph.build import AFFINE, NetworkGraph, build_graph
 from ..errors import SigpropError
 from ..schemas.activations import PIECEWISE_LINEAR_ACTIVATIONS, SPARSE_ACTIVATIONS
 from ..schemas.graph import Graph

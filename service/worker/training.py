@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.graph import NetworkGraph, build_graph
+from ..engine.graph.build import NetworkGraph, build_graph
 from ..errors import SigpropError
 from ..schemas.graph import Graph
 from ..schemas.solve import Solution, SolveRequest

@@ -7,7 +7,7 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from ...engine.templates import describe_templates, expand_template
+from ...engine.templates.expand import describe_templates, expand_template
 from ...errors import SigpropError
 from ...requests import invalid_request
 from ...schemas.graph import TEMPLATE_NAMES, Template

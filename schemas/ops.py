@@ -1,0 +1,293 @@
+"""The op table: one row per op of ``sigprop.graph/v1``, the one place an op is defined.
+
+Every walk of a graph reads an op's row instead of naming the op: the engine's graph builder
+(arity, shape, canonical attributes), the atom pass (``schemas.atoms``), the C-map programs of TAT
+and DKS, the EoC and sparse-EoC networks, the token-kernel program of sequence graphs, the geometric
+solver's moments, the Jacobian's structure, the client's ``diagnose`` predictions, its calibration
+and finite-width noise, and the dashboard's diagram. This is the layout of neural-tangents'
+``stax``, where each layer is one (init, apply, kernel) definition and ``serial``/``parallel``
+compose them; here a row names its *kind*, the rule every walk has one implementation of, and the
+op's own parameters of it (shape, attributes, window, coverage).
+
+Kinds, by what an op does to the atoms of ``schemas.atoms`` (every node is a combination of
+independent atoms; TAT paper, "Deep Learning without Shortcuts: Shaping the Kernel with Tailored
+Rectifiers", arXiv:2203.08120, section 2.3 and Appendix B.4):
+
+- ``source``: the network input, a feature atom at q = 1 (the contract's input convention);
+- ``affine``: a dense or conv layer with fresh zero-mean weights: a fresh Gaussian atom, whose q and
+  C are ``sigma_w^2 q + sigma_b^2`` over its fan-in (equation 4's affine part);
+- ``act``: an elementwise nonlinearity: a feature, exact when its input is Gaussian (equations 4-5);
+- ``sum``, ``concat``: linear combinations (``schemas.kernels``);
+- ``pass``: the same atoms, as far as the kernel of one location goes (identity, dropout, flatten,
+  and pools, whose coverage says when a window of several locations makes it inexact: the
+  correlation between locations is the input's, not the graph's);
+- ``norm``: per-token (or per-example) normalization by the root mean square over features: the
+  same atoms scaled by 1/sqrt(q) at infinite width;
+- ``attention``: token mixing (shaped attention, ``engine.sequence``).
+
+``coverage`` says, for a node with given attributes and input shape, whether the theory is exact
+there by the row alone (``exact``), measured by calibration (``calibrated``), or outside the theory
+(``refused``), with the reason; the atom pass adds the graph-level conditions (Gaussian inputs of
+activations, uncorrelated sums).
+
+Plain Python, no numpy: the client reads the same rows as the service.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from . import shape_rules as rules
+
+__all__ = [
+    "ACT",
+    "AFFINE",
+    "ATTENTION",
+    "CALIBRATED",
+    "CONCAT",
+    "EXACT",
+    "KINDS",
+    "NORM",
+    "OP_TABLE",
+    "PASS",
+    "REFUSED",
+    "SOURCE",
+    "SUM",
+    "Coverage",
+    "OpRule",
+    "canonical_attrs",
+    "ops_of_kind",
+    "rule",
+    "window",
+]
+
+SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
+ATTENTION, NORM = "attention", "norm"
+KINDS = (SOURCE, PASS, AFFINE, ACT, SUM, CONCAT, ATTENTION, NORM)
+
+EXACT, CALIBRATED, REFUSED = "exact", "calibrated", "refused"
+
+
+@dataclass(frozen=True)
+class Coverage:
+    verdict: str  # EXACT, CALIBRATED or REFUSED
+    reason: str = ""
+
+
+_EXACT = Coverage(EXACT)
+
+
+def _pair(value) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """One op's definition (see the module docstring)."""
+
+    op: str
+    kind: str
+    # (fewest, most) inputs; None: no upper bound
+    arity: tuple[int, int | None] = (1, 1)
+    # the node's shape from its wire node and its inputs' shapes (``schemas.shape_rules``)
+    shape: Callable = rules.same_shape
+    # canonical attributes from the wire node and its number of inputs (what the cache key hashes)
+    attrs: Callable[..., dict] = field(default=lambda nd, n: {})
+    # entries of its input each output entry reads, from canonical attributes and the input's shape
+    # (a layer's spatial taps, a pool's window; 1 for everything elementwise)
+    window: Callable[[Mapping, tuple], int] = field(default=lambda attrs, in_shape: 1)
+    # the theory's verdict at a node from its canonical attributes and input shape (module docstring);
+    # the atom pass adds the graph-level conditions
+    coverage: Callable[[Mapping, tuple], Coverage] = field(default=lambda attrs, in_shape: _EXACT)
+    # whether ``diagnose`` shows the node in its table (ops that change nothing are not shown)
+    shown: bool = True
+    # the dashboard diagram's colour, so its legend reads as the graph's vocabulary
+    color: str = "#868e96"
+    # in the order of the contract's description of the op
+    summary: str = ""
+
+
+def _pooled(op: str, window: Callable[[Mapping, tuple], int]) -> Callable[[Mapping, tuple], Coverage]:
+    def coverage(attrs: Mapping, in_shape: tuple) -> Coverage:
+        n = window(attrs, in_shape)
+        if n <= 1:
+            return _EXACT
+        return Coverage(
+            CALIBRATED,
+            f"{op} over {n} locations: their correlation is the input's, not the graph's "
+            "(exact only for locations that see the same input; calibration measures it)",
+        )
+
+    return coverage
+
+
+def _dropout_coverage(attrs: Mapping, in_shape: tuple) -> Coverage:
+    if attrs.get("rate", 0.0) > 0:
+        return Coverage(CALIBRATED, "dropout at a positive rate scales q by 1/(1 - rate) in training mode")
+    return _EXACT
+
+
+def _sum_attrs(nd, n: int) -> dict:
+    weights = nd.weights if nd.weights is not None else [1.0 / math.sqrt(n)] * n
+    return {"weights": [float(w) for w in weights]}
+
+
+def _conv_attrs(nd, n: int) -> dict:
+    return {
+        "channels": nd.channels,
+        "kernel": list(_pair(nd.kernel)),
+        "stride": list(_pair(nd.stride)),
+        "padding": nd.padding,
+        "bias": nd.bias,
+    }
+
+
+def _pool_attrs(nd, n: int) -> dict:
+    stride = nd.stride if nd.stride is not None else nd.kernel
+    # padding only when given, so graphs without it keep their canonical form and cache keys
+    return {
+        "kernel": list(_pair(nd.kernel)),
+        "stride": list(_pair(stride)),
+        **({"padding": nd.padding} if nd.padding else {}),
+    }
+
+
+def _input_attrs(nd, n: int) -> dict:
+    # "sequence" only when set, so graphs without token streams keep their canonical form and cache keys
+    return {"shape": list(nd.shape), **({"sequence": True} if getattr(nd, "sequence", False) else {})}
+
+
+def _kernel_taps(attrs: Mapping, in_shape: tuple) -> int:
+    kernel = attrs.get("kernel")
+    return math.prod(kernel) if kernel else 1
+
+
+def _all_locations(attrs: Mapping, in_shape: tuple) -> int:
+    return math.prod(in_shape[1:]) if len(in_shape) > 1 else 1
+
+
+_ROWS = (
+    OpRule("input", SOURCE, (0, 0), rules.input_shape, _input_attrs, color="#2b8a3e", summary="the network input"),
+    OpRule(
+        "dense",
+        AFFINE,
+        shape=rules.dense_shape,
+        attrs=lambda nd, n: {"units": nd.units, "bias": nd.bias},
+        color="#1971c2",
+        summary="a fully connected layer (per token on a token stream)",
+    ),
+    OpRule(
+        "conv",
+        AFFINE,
+        shape=rules.conv_shape,
+        attrs=_conv_attrs,
+        window=_kernel_taps,
+        color="#1864ab",
+        summary="a 2-d convolution",
+    ),
+    OpRule(
+        "activation",
+        ACT,
+        attrs=lambda nd, n: {"fn": nd.fn},
+        color="#f08c00",
+        summary="an elementwise activation function",
+    ),
+    OpRule(
+        "sum",
+        SUM,
+        (2, None),
+        rules.sum_shape,
+        _sum_attrs,
+        color="#7048e8",
+        summary="a weighted sum, squares of weights summing to 1",
+    ),
+    OpRule(
+        "concat",
+        CONCAT,
+        (2, None),
+        rules.concat_shape,
+        color="#ae3ec9",
+        summary="concatenation along features or channels",
+    ),
+    OpRule(
+        "avg_pool",
+        PASS,
+        shape=rules.pool_shape,
+        attrs=_pool_attrs,
+        window=_kernel_taps,
+        coverage=_pooled("avg_pool", _kernel_taps),
+        color="#0b7285",
+        summary="the mean over a window of locations",
+    ),
+    OpRule(
+        "max_pool",
+        PASS,
+        shape=rules.pool_shape,
+        attrs=_pool_attrs,
+        window=_kernel_taps,
+        coverage=_pooled("max_pool", _kernel_taps),
+        color="#0c8599",
+        summary="the maximum over a window of locations",
+    ),
+    OpRule(
+        "global_avg_pool",
+        PASS,
+        shape=rules.global_pool_shape,
+        window=_all_locations,
+        coverage=_pooled("global_avg_pool", _all_locations),
+        color="#15aabf",
+        summary="the mean over all locations",
+    ),
+    OpRule("flatten", PASS, shape=rules.flatten_shape, shown=False, summary="a feature map as one vector"),
+    OpRule(
+        "dropout",
+        PASS,
+        attrs=lambda nd, n: {"rate": nd.rate},
+        coverage=_dropout_coverage,
+        shown=False,
+        color="#adb5bd",
+        summary="dropout (the identity at evaluation)",
+    ),
+    OpRule("identity", PASS, shown=False, summary="the identity"),
+    OpRule("output", PASS, color="#c92a2a", summary="the network output"),
+    OpRule(
+        "attention",
+        ATTENTION,
+        (3, 3),
+        rules.attention_shape,
+        lambda nd, n: {"heads": nd.heads, "causal": nd.causal},
+        color="#e8590c",
+        summary="self-attention's token mixing of query, key and value",
+    ),
+    OpRule(
+        "layer_norm",
+        NORM,
+        shape=rules.norm_shape,
+        color="#5c940d",
+        summary="per-token normalization over the features",
+    ),
+)
+
+OP_TABLE: dict[str, OpRule] = {row.op: row for row in _ROWS}
+
+
+def rule(op: str) -> OpRule:
+    """The row of ``op``; ``KeyError`` for an op the table does not define."""
+    return OP_TABLE[op]
+
+
+def ops_of_kind(*kinds: str) -> frozenset[str]:
+    """The ops whose kind is one of ``kinds``."""
+    return frozenset(row.op for row in _ROWS if row.kind in kinds)
+
+
+def canonical_attrs(nd, n: int) -> dict:
+    """A wire node's canonical attributes, given its number of inputs."""
+    return OP_TABLE[nd.op].attrs(nd, n)
+
+
+def window(op: str, attrs: Mapping, in_shape: tuple) -> int:
+    """Entries of its input each output entry of an ``op`` node reads (``OpRule.window``)."""
+    return OP_TABLE[op].window(attrs, in_shape)
