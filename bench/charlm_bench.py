@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from sigprop.engine.solve import solve
-from sigprop.engine.templates import expand_template
+from sigprop.engine.templates.expand import expand_template
 from sigprop.schemas.graph import Template
 from sigprop.schemas.solve import SolveRequest
 from sigprop.worker.charlm import run_charlm_validation

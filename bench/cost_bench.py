@@ -41,7 +41,7 @@ from report import fmt_t, machine, sigprop_state, table  # noqa: E402  (bench/ i
 
 from sigprop.api.admission import graph_cost  # noqa: E402
 from sigprop.api.solutions import SolutionService  # noqa: E402
-from sigprop.engine.qc_maps import clear_caches  # noqa: E402
+from sigprop.engine.maps.qc_maps import clear_caches  # noqa: E402
 from sigprop.engine.solve import prepare, solve_canonical  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402

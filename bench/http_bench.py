@@ -92,7 +92,7 @@ from wrk import (  # noqa: E402, F401
     run_wrk,
 )
 
-from sigprop.engine.templates import expand_template  # noqa: E402
+from sigprop.engine.templates.expand import expand_template  # noqa: E402
 from sigprop.schemas.graph import Template  # noqa: E402
 
 HIT_P50_GOAL_S = 0.005  # goal: a cache hit answers in under 5 ms (median) ...

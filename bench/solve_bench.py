@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 from sigprop.answers import personalize_json  # noqa: E402
-from sigprop.engine.qc_maps import clear_caches  # noqa: E402
+from sigprop.engine.maps.qc_maps import clear_caches  # noqa: E402
 from sigprop.engine.solve import prepare, solve_canonical  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
@@ -92,9 +92,9 @@ def condition_error(case: Case, params: dict) -> float:
     """How far a parameter set is from the conditions it must meet, evaluated by sigprop's
     quadrature (checked against scipy.integrate.quad to 1e-10 in the tests), so the two
     implementations' answers are judged by the same yardstick."""
-    from sigprop.engine.activations import get_activation
-    from sigprop.engine.program import compile_program
-    from sigprop.engine.qc_maps import local_stats
+    from sigprop.engine.maps.activations import get_activation
+    from sigprop.engine.maps.qc_maps import local_stats
+    from sigprop.engine.network.program import compile_program
 
     prep = prepare(
         SolveRequest.model_validate(

@@ -9,7 +9,7 @@ Each row is one ``sigprop.solve`` of the request (parse, admission, template exp
 build, TAT on the scalar view, the attention generators, the initializations and the token-kernel
 propagation), median of ``--repeats`` runs after one warm-up, with OpenBLAS/MKL at their default
 thread count and limited to one thread around the whole solve (the engine runs the token-kernel
-propagation on one BLAS thread itself, ``engine.sequence_solve``: on the 2-core machine these
+propagation on one BLAS thread itself, ``engine.sequence.solve``: on the 2-core machine these
 figures come from, shared with other work, BLAS threads mostly wait for each other).
 
 What is computed: the activation (TAT leaky_relu, eta as listed) on the 72- or 12-block stack of

@@ -27,7 +27,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from sigprop.client import jax as sjax  # noqa: E402
-from sigprop.engine.activations import ACTIVATION_NAMES, get_activation, transformed  # noqa: E402
+from sigprop.engine.maps.activations import ACTIVATION_NAMES, get_activation, transformed  # noqa: E402
 from sigprop.schemas import LayerInit, Solution  # noqa: E402
 
 from ..service_fixtures import running_service  # noqa: E402

@@ -306,7 +306,7 @@ def test_written_ops_scalings_and_concatenation():
 
 
 def test_transformed_activation_matches_the_engine_for_every_catalogue_function():
-    from sigprop.engine.activations import get_activation, transformed
+    from sigprop.engine.maps.activations import get_activation, transformed
     from sigprop.schemas.activations import CATALOGUE
 
     z = np.linspace(-6, 6, 1201)

@@ -79,7 +79,7 @@ def test_validation_worker_applies_sum_scales_under_module_paths():
     """The worker builds the graph's network, extracts it and applies the answer by module path:
     the answer's ``sum_scales`` travel with the translated ids."""
     torch = pytest.importorskip("torch")
-    from sigprop.engine.graph import build_graph
+    from sigprop.engine.graph.build import build_graph
     from sigprop.schemas.graph import Graph
     from sigprop.worker.models import build_solved
 

@@ -457,7 +457,7 @@ def test_smooth_tat_softplus(sp):
     got = act.double()(torch.from_numpy(z)).numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     # and it agrees with the engine's definition of the transformed activation
-    from sigprop.engine.activations import get_activation, transformed
+    from sigprop.engine.maps.activations import get_activation, transformed
 
     engine = transformed(get_activation("softplus"), a, b, c, d)
     np.testing.assert_allclose(got, engine(z), rtol=1e-12, atol=1e-12)
@@ -511,7 +511,7 @@ def test_functional_calls_conv1d_and_names():
 
 
 def test_transformed_activation_definitions():
-    from sigprop.engine.activations import get_activation, transformed
+    from sigprop.engine.maps.activations import get_activation, transformed
 
     z = np.linspace(-6, 6, 1201)
     cases = [

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sigprop.engine.solve import solve  # noqa: E402
-from sigprop.engine.templates import expand_template  # noqa: E402
+from sigprop.engine.templates.expand import expand_template  # noqa: E402
 from sigprop.schemas.attention_init import expand_attention  # noqa: E402
 from sigprop.schemas.graph import Template  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402

@@ -300,7 +300,7 @@ def test_base_dependencies_are_client_schemas_engine_and_cli_only():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = _names(project["dependencies"])
     assert not base & SERVER_PACKAGES, base & SERVER_PACKAGES
-    # threadpoolctl: the engine's token-kernel propagation runs BLAS on one thread (engine.sequence_solve)
+    # threadpoolctl: the engine's token-kernel propagation runs BLAS on one thread (engine.sequence.solve)
     assert base == {"numpy", "scipy", "pydantic", "pydantic-settings", "httpx", "threadpoolctl"}
     extras = {name: _names(reqs) for name, reqs in project["optional-dependencies"].items()}
     # uvicorn with its [standard] extra: the httptools parser and uvloop that `sigprop serve` picks

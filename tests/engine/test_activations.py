@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from sigprop.engine.activations import (
+from sigprop.engine.maps.activations import (
     ACTIVATION_NAMES,
     PIECEWISE_LINEAR_ACTIVATIONS,
     SELU_ALPHA,
@@ -252,7 +252,7 @@ def test_expected_kinks():
 def test_engine_closed_forms_cover_exactly_the_catalogue():
     """The engine writes phi, phi', phi'' for every catalogue entry and takes its name, defaults,
     description and families from the catalogue (sigprop.schemas.activations)."""
-    from sigprop.engine.activations import _SPECS
+    from sigprop.engine.maps.activations import _SPECS
     from sigprop.schemas import activations as catalogue
 
     assert list(_SPECS) == list(catalogue.CATALOGUE)

@@ -1,6 +1,6 @@
 """Very deep networks ask each layer for a nearly linear transformation: TAT tau = 1e-3 at depth 5000
 is a per-layer C''(1) of 2e-7, DKS zeta = 1.0001 a per-layer C'(1) of 1 + 2e-8. The root search must
-still find the stable root (the near-linear coordinates of ``engine.transform``) and meet every
+still find the stable root (the near-linear coordinates of ``engine.maps.transform``) and meet every
 condition to 1e-9. The local conditions are re-derived here with scipy's adaptive quadrature, not the
 engine's rule."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from sigprop.engine.activations import get_activation
+from sigprop.engine.maps.activations import get_activation
+from sigprop.engine.maps.transform import solve_transform
 from sigprop.engine.solve import solve
-from sigprop.engine.transform import solve_transform
 from sigprop.requests import parse_solve_request
 
 DEPTH = 5000

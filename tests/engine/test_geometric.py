@@ -1,4 +1,4 @@
-"""Geometric initialization and GR scaling (sigprop.engine.geometric) against the GR-scaling paper:
+"""Geometric initialization and GR scaling (sigprop.engine.methods.geometric) against the GR-scaling paper:
 equal gammas (Proposition 3, equation 1) for an MLP and the strided AlexNet of Appendix F, the
 closed forms of equation 7 and Remark 6, sections 6.3 / 6.4, Appendix E / E.1, Table 1, and a
 Monte Carlo check that the weight-to-gradient ratios nu_l of section 4 come out equal."""
@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from sigprop.engine.activations import get_activation
-from sigprop.engine.geometric import OUTPUT_STD, solve_geometric
-from sigprop.engine.graph import build_graph
+from sigprop.engine.graph.build import build_graph
+from sigprop.engine.maps.activations import get_activation
+from sigprop.engine.methods.geometric import OUTPUT_STD, solve_geometric
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph
 

@@ -11,13 +11,14 @@ import random
 import numpy as np
 import pytest
 
-from sigprop.engine.graph import ACT, CONCAT, SOURCE, SUM, build_graph
-from sigprop.engine.qc_maps import leaky_relu_c_map_scalar
+from sigprop.engine.graph.build import build_graph
+from sigprop.engine.maps.qc_maps import leaky_relu_c_map_scalar
+from sigprop.engine.network.subnetworks import compile_subnetworks
 from sigprop.engine.solve import prepare, solve
-from sigprop.engine.subnetworks import compile_subnetworks
 from sigprop.errors import SigpropError
 from sigprop.requests import parse_solve_request
 from sigprop.schemas import Graph
+from sigprop.schemas.ops import ACT, CONCAT, SOURCE, SUM
 
 SCHEMA = "sigprop.graph/v1"
 
@@ -290,7 +291,7 @@ SHAPE_RULE_CASES = {
 
 @pytest.mark.parametrize("name", list(SHAPE_RULE_CASES) + ["mlp", "resnet", "densenet", "cnn"])
 def test_shared_shape_rules_agree_with_build_graph(name):
-    from sigprop.engine.templates import expand_template
+    from sigprop.engine.templates.expand import expand_template
     from sigprop.schemas import Template
     from sigprop.schemas.shapes import infer_shapes
 

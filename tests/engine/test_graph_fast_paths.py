@@ -14,7 +14,7 @@ import pytest
 from sigprop import ENGINE_VERSION
 from sigprop.engine import graph as G
 from sigprop.engine.solve import prepare, request_key
-from sigprop.engine.templates import expand_template, expand_template_nodes
+from sigprop.engine.templates.expand import expand_template, expand_template_nodes
 from sigprop.errors import SigpropError
 from sigprop.requests import parse_solve_request
 from sigprop.schemas import Graph, Template

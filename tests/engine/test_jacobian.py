@@ -1,4 +1,4 @@
-"""Per-layer Jacobian statistics (sigprop.engine.jacobian) against the per-layer-Jacobian paper:
+"""Per-layer Jacobian statistics (sigprop.engine.network.jacobian) against the per-layer-Jacobian paper:
 Monte Carlo as in its Figure 2 (200 draws, width 40) for a ResNet with m = 2 and a DenseNet,
 closed forms of Lemma 2 / Theorems 1-3, the residual branch scale, and structure detection."""
 
@@ -9,15 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from sigprop.engine.graph import build_graph
-from sigprop.engine.jacobian import (
+from sigprop.engine.graph.build import build_graph
+from sigprop.engine.network.jacobian import (
     detect_structure,
     jacobian_stats,
     output_moments,
     residual_branch_scale,
     vanilla_jacobian_moments,
 )
-from sigprop.engine.templates import expand_template
+from sigprop.engine.templates.expand import expand_template
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
 

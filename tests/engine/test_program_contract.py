@@ -1,6 +1,6 @@
 """The network program's contract: every implementation gives the same whole answers.
 
-Each implementation of ``engine.program.NetworkProgram`` (``IMPLEMENTATIONS``: the general
+Each implementation of ``engine.network.program.NetworkProgram`` (``IMPLEMENTATIONS``: the general
 dominator analysis and the chain shortcuts) is forced into ``solve`` in turn, and its answer,
 every numeric field recursively (parameters, achieved values, the sampled C maps, the layers'
 initializations, warnings and names exactly), is compared with the answer of a reference program
@@ -31,10 +31,11 @@ import math
 import pytest
 
 from sigprop.engine import solve as solve_module
-from sigprop.engine.graph import ACT, NetworkGraph
-from sigprop.engine.program import IMPLEMENTATIONS, WHOLE_NETWORK, NetworkProgram
-from sigprop.engine.qc_maps import clear_caches
+from sigprop.engine.graph.build import NetworkGraph
+from sigprop.engine.maps.qc_maps import clear_caches
+from sigprop.engine.network.program import IMPLEMENTATIONS, WHOLE_NETWORK, NetworkProgram
 from sigprop.errors import SigpropError
+from sigprop.schemas.ops import ACT
 from sigprop.schemas.solve import SolveRequest
 
 REL, ABS = 1e-12, 1e-14

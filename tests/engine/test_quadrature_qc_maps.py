@@ -3,7 +3,7 @@ independent computations: scipy.integrate.quad of the defining expectations (TAT
 equations 4, 5, 15-19), the arc-cosine kernel closed form of ReLU networks, and finite
 differences of the variance map.
 
-Reference derivatives below are written out independently of ``sigprop.engine.activations``.
+Reference derivatives below are written out independently of ``sigprop.engine.maps.activations``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from scipy import integrate
 from scipy.special import erf, expit, ndtr
 
 from sigprop.engine import eoc
-from sigprop.engine.activations import get_activation, transformed
-from sigprop.engine.qc_maps import c_map, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats
-from sigprop.engine.quadrature import expect, gaussian_rule
+from sigprop.engine.maps.activations import get_activation, transformed
+from sigprop.engine.maps.qc_maps import c_map, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats
+from sigprop.engine.maps.quadrature import expect, gaussian_rule
 
 SQRT_2PI = math.sqrt(2.0 * math.pi)
 
@@ -374,7 +374,7 @@ def test_eoc_softplus_q_star_1_is_unreachable_with_the_needed_bias():
 @pytest.mark.parametrize("name", ["tanh", "softplus", "gelu", "swish", "erf"])
 @pytest.mark.parametrize("tr", TRANSFORMS[:3])
 def test_hermite_c_map_matches_c_map_and_local_stats(name, tr):
-    from sigprop.engine.qc_maps import HermiteCMap
+    from sigprop.engine.maps.qc_maps import HermiteCMap
 
     act = get_activation(name)
     h = HermiteCMap(act, *tr)
@@ -397,7 +397,7 @@ def test_hermite_c_map_matches_c_map_and_local_stats(name, tr):
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8])
 def test_hermite_c_map_of_leaky_relu_within_its_tail_bound(a):
-    from sigprop.engine.qc_maps import HermiteCMap
+    from sigprop.engine.maps.qc_maps import HermiteCMap
 
     h = HermiteCMap(get_activation("leaky_relu", negative_slope=a), output_scale=math.sqrt(2 / (1 + a * a)))
     cs = np.linspace(-1, 1, 401)

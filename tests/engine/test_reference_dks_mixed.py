@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from sigprop.engine.solve import solve
-from sigprop.engine.templates import expand_template
+from sigprop.engine.templates.expand import expand_template
 from sigprop.errors import SigpropError
 from sigprop.schemas.graph import Template
 from sigprop.schemas.solve import SolveRequest

@@ -178,7 +178,7 @@ def test_dks_relu_matches_closed_form(zeta):
 
 
 def test_relu_shift_switches_where_dks_does():
-    from sigprop.engine.rectifier_dks import RELU_POSITIVE_SHIFT_MAX_SLOPE, problem
+    from sigprop.engine.methods.rectifier_dks import RELU_POSITIVE_SHIFT_MAX_SLOPE, problem
 
     # the supremum of C'(1) with a positive shift is the centred ReLU's 1 / (1 - 1/pi)
     assert RELU_POSITIVE_SHIFT_MAX_SLOPE == pytest.approx(1.0 / (1.0 - 1.0 / math.pi), rel=1e-15)

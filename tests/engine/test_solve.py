@@ -177,7 +177,7 @@ def test_eoc(name, q_star):
     # an unstable q* (V'(q*) > 1: gelu) is said, with its drift over the depth (issue 34)
     assert [w for w in ans["warnings"] if "unstable fixed point" not in w] == []
     assert (ans["v_slope"] > 1) == any("unstable fixed point" in w for w in ans["warnings"])
-    from sigprop.engine.activations import get_activation
+    from sigprop.engine.maps.activations import get_activation
 
     act = get_activation(name)
     d1_sq = E(lambda z: act.d1(s * z) ** 2)
@@ -547,7 +547,7 @@ def test_mlp_template_equals_hand_written(method, act, targets):
 
 def hand_resnet18_v2(w, residual_first=False, seed=11):
     """ResNet-18 V2 after dks's ModifiedResNet / BlockV2 (examples/haiku/modified_resnet.py), no batch norm,
-    written independently of sigprop.engine.templates with its own ids. Returns (graph, template-id -> id)."""
+    written independently of sigprop.engine.templates.expand with its own ids. Returns (graph, template-id -> id)."""
     nodes, id_map = [], {}
 
     def add(node, template_id=None):

@@ -19,12 +19,12 @@ import pytest
 import scipy.optimize as sp_opt
 
 from sigprop.engine import deep_kernel_shaping, qc_maps, tat
-from sigprop.engine.activation_jets import JETS
-from sigprop.engine.activations import get_activation
-from sigprop.engine.program import chain_program, compile_program, general_program
-from sigprop.engine.qc_maps import HermiteCMap, _z_kinks, moment_rule
-from sigprop.engine.quadrature import SERIES_RULE, gaussian_rule
-from sigprop.engine.roots import complex_step, newton_bracketed
+from sigprop.engine.maps.activation_jets import JETS
+from sigprop.engine.maps.activations import get_activation
+from sigprop.engine.maps.qc_maps import HermiteCMap, _z_kinks, moment_rule
+from sigprop.engine.maps.quadrature import SERIES_RULE, gaussian_rule
+from sigprop.engine.methods.roots import complex_step, newton_bracketed
+from sigprop.engine.network.program import chain_program, compile_program, general_program
 from sigprop.engine.solve import prepare, solve
 from sigprop.schemas.solve import SolveRequest
 
@@ -54,7 +54,7 @@ def test_jet_equals_closed_forms(name):
 
 
 def test_parameterized_and_transformed_activations_have_no_jet():
-    from sigprop.engine.activations import transformed
+    from sigprop.engine.maps.activations import transformed
 
     assert get_activation("elu", alpha=0.5).jet is None
     assert transformed(get_activation("swish"), 0.5, 0.1, 2.0, 0.3).jet is None
@@ -344,7 +344,7 @@ def test_a_step_into_saturation_gives_nan_not_an_exception():
 
 @pytest.mark.parametrize("scale", [1e-13, 0.01, 0.13, 0.75, 1.0, 1.7, 3.0, -2.5, 40.0])
 def test_unaligned_rule_is_the_general_rule_without_kinks(scale):
-    from sigprop.engine.quadrature import unaligned_rule
+    from sigprop.engine.maps.quadrature import unaligned_rule
 
     z, w = unaligned_rule(scale)
     z2, w2 = gaussian_rule(scale=scale)

@@ -10,9 +10,9 @@ import pytest
 from scipy import integrate
 from scipy.special import erf, erfinv, ndtr
 
-from sigprop.engine.activations import get_activation
-from sigprop.engine.eoc import solve_eoc
-from sigprop.engine.sparse_eoc import (
+from sigprop.engine.maps.activations import get_activation
+from sigprop.engine.methods.eoc import solve_eoc
+from sigprop.engine.methods.sparse_eoc import (
     CURVATURE_WARNING_THRESHOLD,
     chi_1,
     clip_for_v_slope,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import pytest
 
-from sigprop.engine.graph import ACT, CONCAT, SOURCE, SUM, build_graph
-from sigprop.engine.program import compile_program
-from sigprop.engine.tat import curvature_multiplier
-from sigprop.engine.templates import expand_template
+from sigprop.engine.graph.build import build_graph
+from sigprop.engine.methods.tat import curvature_multiplier
+from sigprop.engine.network.program import compile_program
+from sigprop.engine.templates.expand import expand_template
 from sigprop.schemas import Template
+from sigprop.schemas.ops import ACT, CONCAT, SOURCE, SUM
 
 ROOT = -1
 

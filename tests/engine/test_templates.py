@@ -1,4 +1,4 @@
-"""Template expansion (sigprop.engine.templates): structure, exact counts, errors, and the ResNet
+"""Template expansion (sigprop.engine.templates.expand): structure, exact counts, errors, and the ResNet
 cross-check against DeepMind's dks reference (examples/haiku/modified_resnet.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from sigprop.engine.templates import RESNET_CONFIGS, TEMPLATE_NAMES, describe_templates, expand_template
+from sigprop.engine.templates.expand import RESNET_CONFIGS, TEMPLATE_NAMES, describe_templates, expand_template
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph, Template
 
@@ -441,7 +441,7 @@ def test_the_template_names_and_fields_are_the_wires_and_the_engine_describes_ex
     must name the same ones, in the same order."""
     from typing import get_args
 
-    from sigprop.engine.templates import TEMPLATES
+    from sigprop.engine.templates.expand import TEMPLATES
     from sigprop.schemas.graph import TEMPLATE_FIELDS
     from sigprop.schemas.graph import TEMPLATE_NAMES as WIRE_NAMES
 

@@ -1,4 +1,4 @@
-"""``sigprop.engine.token_kernels``: the attention schedules of "Deep Transformers without Shortcuts"
+"""``sigprop.engine.maps.token_kernels``: the attention schedules of "Deep Transformers without Shortcuts"
 (He, Martens et al., arXiv:2302.10322, section 3) and the exact token-kernel maps of a transformer's
 ops at infinite width, checked against formulas written out here, numpy's linear algebra,
 ``scipy.integrate.quad`` and seeded Monte Carlo. (Finite-width networks: test_token_kernels_monte_carlo.py.)
@@ -14,8 +14,8 @@ import pytest
 from scipy import integrate
 
 from sigprop.engine import token_kernels as tk
-from sigprop.engine.activations import get_activation, transformed
-from sigprop.engine.qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
+from sigprop.engine.maps.activations import get_activation, transformed
+from sigprop.engine.maps.qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
 from sigprop.errors import SigpropError
 from sigprop.schemas.activations import SMOOTH_ACTIVATIONS
 from sigprop.schemas.attention_init import expand_attention, kernel_matrix
@@ -460,7 +460,7 @@ def test_too_many_pairs_to_integrate_are_refused():
 def test_direct_integration_agrees_with_the_closed_forms(name, params, tr):
     """``pair_expectation`` (conditional Gaussian ramps, one-dimensional rule) against the closed
     forms (Owen's T; the arc-cosine kernel), pair by pair."""
-    from sigprop.engine.token_activation import pair_expectation
+    from sigprop.engine.maps.token_activation import pair_expectation
 
     act = build(name, params, tr)
     rng = np.random.default_rng(6)
@@ -510,7 +510,7 @@ def test_every_smooth_catalogue_activation_to_1e_10(name):
 
 def test_elu_family_is_read_off_the_transformed_activation():
     """ELU and SELU, however transformed (a negative input scale too), are P + Q E(a (x - x0))."""
-    from sigprop.engine.token_exponential import elu_family
+    from sigprop.engine.maps.token_exponential import elu_family
 
     for act in [
         build(*ACTIVATIONS[1]),

@@ -1,5 +1,5 @@
 """Finite-width transformers without shortcuts in numpy against the exact infinite-width token
-kernel of ``sigprop.engine.token_kernels`` ("Deep Transformers without Shortcuts", He, Martens et
+kernel of ``sigprop.engine.maps.token_kernels`` ("Deep Transformers without Shortcuts", He, Martens et
 al., arXiv:2302.10322, sections 2-3: E-SPA attention, optionally with TAT Leaky ReLU MLP blocks).
 
 Each block is value dense -> fixed attention matrix A_l (zero queries: the logits vanish) ->

@@ -21,7 +21,7 @@ import pytest
 import sigprop
 from sigprop.cli import main
 from sigprop.engine.limits import MAX_TOKEN_KERNEL
-from sigprop.engine.templates import TEMPLATES, expand_template
+from sigprop.engine.templates.expand import TEMPLATES, expand_template
 from sigprop.errors import SigpropError
 from sigprop.schemas import Template
 from sigprop.schemas.attention_init import expand_attention
@@ -347,8 +347,8 @@ def test_http_solves_espa_and_uspa_and_expands_the_template(server):
 
 
 def test_token_program_reduces_kernels_to_the_largest_token_correlation():
-    from sigprop.engine.graph import build_graph
-    from sigprop.engine.token_program import TokenKernelProgram, TokenValue, max_token_correlation
+    from sigprop.engine.graph.build import build_graph
+    from sigprop.engine.sequence.token_program import TokenKernelProgram, TokenValue, max_token_correlation
 
     graph = build_graph(expand_template(Template(template="transformer", depth=2, seq_len=5, width=8, heads=2)), "relu")
     mixers = dict(zip([nd.index for nd in graph.nodes if nd.op == "attention"], espa_matrices(0.01, 2, 5), strict=True))
@@ -483,8 +483,8 @@ def test_private_atoms_merge_exactly_and_keep_a_residual_stream_short(shortcuts,
     the output kernel is the one the unmerged expansion gives (1e-12), and no stream holds more than
     two terms, where without merging block l's stream holds l atoms (L^2 T^3 work: a 1,257-block
     transformer took minutes)."""
-    from sigprop.engine.graph import build_graph
-    from sigprop.engine.token_program import TokenKernelProgram, TokenValue
+    from sigprop.engine.graph.build import build_graph
+    from sigprop.engine.sequence.token_program import TokenKernelProgram, TokenValue
 
     blocks, tokens = 12, 6
     t = Template(template="transformer", depth=blocks, seq_len=tokens, width=8, heads=2, shortcuts=shortcuts)

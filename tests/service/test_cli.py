@@ -99,7 +99,7 @@ def test_incomplete_flags_are_refused_with_the_error_object(capsys, argv, what):
 
 
 def test_solve_help_lists_every_template(capsys):
-    from sigprop.engine.templates import TEMPLATES
+    from sigprop.engine.templates.expand import TEMPLATES
 
     with pytest.raises(SystemExit):
         main(["solve", "--help"])

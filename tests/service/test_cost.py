@@ -22,11 +22,11 @@ from sigprop.api import solutions
 from sigprop.api.coldlanes import GENERAL, SMALL, Lanes
 from sigprop.api.coldpool import SolverPool, solve_request
 from sigprop.api.solutions import SolutionService, graph_size
-from sigprop.engine.geometric import solve_geometric
-from sigprop.engine.graph import build_graph
+from sigprop.engine.graph.build import build_graph
 from sigprop.engine.limits import Limits
+from sigprop.engine.methods.geometric import solve_geometric
+from sigprop.engine.network.subnetworks import _dominators
 from sigprop.engine.solve import prepare, solve_canonical
-from sigprop.engine.subnetworks import _dominators
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph
 from sigprop.schemas.solve import SolveRequest
@@ -136,7 +136,8 @@ def _reachable_without(preds: list[list[int]], v: int, cut: int) -> bool:
 def test_pass_through_sources_in_one_pass_agree_with_the_walk():
     from types import SimpleNamespace
 
-    from sigprop.engine.graph import AFFINE, PASS, SUM, pass_sources
+    from sigprop.engine.graph.build import pass_sources
+    from sigprop.schemas.ops import AFFINE, PASS, SUM
 
     kinds = [PASS, PASS, AFFINE, SUM]
     rng = np.random.default_rng(26)
@@ -179,7 +180,7 @@ def test_methods_that_need_only_the_whole_network_solve_deeply_nested_graphs():
 
 
 def test_real_architectures_stay_far_under_the_step_budget():
-    from sigprop.engine.subnetworks import STEPS_PER_COST, compile_subnetworks
+    from sigprop.engine.network.subnetworks import STEPS_PER_COST, compile_subnetworks
 
     for graph in (ladder(3000), {"template": "resnet", "depth": 152}, {"template": "densenet", "depth": 201}):
         prep = prepare(SolveRequest.model_validate(request(graph, "tat")))

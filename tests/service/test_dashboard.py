@@ -24,7 +24,7 @@ from sigprop.dashboard import views
 from sigprop.dashboard.router import form_catalog
 from sigprop.dashboard.router import router as dashboard_router
 from sigprop.engine.solve import METHOD_TARGETS
-from sigprop.engine.templates import describe_templates
+from sigprop.engine.templates.expand import describe_templates
 from sigprop.settings import Settings
 from sigprop.storage import RedisValidationStore, SqliteValidationStore, new_record
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from sigprop.api.solutions import SolutionService
-from sigprop.engine.templates import expand_template
+from sigprop.engine.templates.expand import expand_template
 from sigprop.schemas.graph import Template
 from sigprop.storage import Checksum, RedisSolutionCache, new_record
 

@@ -14,10 +14,10 @@ import pytest
 import sigprop
 from sigprop.api.inline_lane import COOLDOWN_FACTOR, InlineLane
 from sigprop.engine import budget
-from sigprop.engine.activations import get_activation
-from sigprop.engine.qc_maps import shaped_stats
+from sigprop.engine.maps.activations import get_activation
+from sigprop.engine.maps.qc_maps import shaped_stats
+from sigprop.engine.maps.transform import MAX_INPUT_SCALE
 from sigprop.engine.solve import solve_canonical
-from sigprop.engine.transform import MAX_INPUT_SCALE
 from sigprop.errors import SigpropError
 from sigprop.preparation import prepare_data
 from sigprop.settings import offline_limits

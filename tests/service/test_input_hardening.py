@@ -17,8 +17,8 @@ import time
 import pytest
 
 from sigprop import cli
-from sigprop.engine.graph import build_graph
-from sigprop.engine.templates import expand_template, template_size
+from sigprop.engine.graph.build import build_graph
+from sigprop.engine.templates.expand import expand_template, template_size
 from sigprop.schemas.graph import Template
 
 from ..engine.test_engine_fuzz import residual_chain

@@ -19,9 +19,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from sigprop.engine.graph import build_graph  # noqa: E402
+from sigprop.engine.graph.build import build_graph  # noqa: E402
 from sigprop.engine.solve import solve  # noqa: E402
-from sigprop.engine.templates import expand_template  # noqa: E402
+from sigprop.engine.templates.expand import expand_template  # noqa: E402
 from sigprop.errors import SigpropError  # noqa: E402
 from sigprop.schemas.graph import Graph, Template  # noqa: E402
 from sigprop.schemas.solve import SolveRequest  # noqa: E402
