@@ -12,12 +12,13 @@ import random
 import pytest
 
 from sigprop import ENGINE_VERSION
-from sigprop.engine import graph as G
+from sigprop.engine.graph import build as G
 from sigprop.engine.solve import prepare, request_key
 from sigprop.engine.templates.expand import expand_template, expand_template_nodes
 from sigprop.errors import SigpropError
 from sigprop.requests import parse_solve_request
 from sigprop.schemas import Graph, Template
+from sigprop.schemas import ops as K
 
 from .test_templates import ALL_TEMPLATES
 
@@ -133,12 +134,12 @@ def test_json_matches_json_dumps(value):
 
 def test_rows_match_json_dumps_for_unusual_attributes():
     odd = [
-        G.Node(0, "x", "input", G.SOURCE, (), {"shape": [3]}, (3,)),
-        G.Node(1, "d", "dense", G.AFFINE, (0,), {"units": True, "bias": 1}, (1,)),
-        G.Node(2, "a", "activation", G.ACT, (1,), {"fn": "not an activation"}, (1,)),
-        G.Node(3, "s", "sum", G.SUM, (1, 2), {"weights": [1, -0.0]}, (1,)),
-        G.Node(4, "s", "sum", G.SUM, (1, 2), {"weights": [0.6, float("nan")]}, (1,)),
-        G.Node(5, "o", "output", G.PASS, (4,), {"op": "shadowed"}, (1,)),
+        G.Node(0, "x", "input", K.SOURCE, (), {"shape": [3]}, (3,)),
+        G.Node(1, "d", "dense", K.AFFINE, (0,), {"units": True, "bias": 1}, (1,)),
+        G.Node(2, "a", "activation", K.ACT, (1,), {"fn": "not an activation"}, (1,)),
+        G.Node(3, "s", "sum", K.SUM, (1, 2), {"weights": [1, -0.0]}, (1,)),
+        G.Node(4, "s", "sum", K.SUM, (1, 2), {"weights": [0.6, float("nan")]}, (1,)),
+        G.Node(5, "o", "output", K.PASS, (4,), {"op": "shadowed"}, (1,)),
     ]
     for nd in odd:
         assert G._row_json(nd) == json.dumps(

@@ -16,10 +16,10 @@ import pytest
 from scipy import integrate
 from scipy.special import erf, expit, ndtr
 
-from sigprop.engine import eoc
 from sigprop.engine.maps.activations import get_activation, transformed
 from sigprop.engine.maps.qc_maps import c_map, leaky_relu_c_map, leaky_relu_c_map_scalar, local_stats
 from sigprop.engine.maps.quadrature import expect, gaussian_rule
+from sigprop.engine.methods import eoc
 
 SQRT_2PI = math.sqrt(2.0 * math.pi)
 

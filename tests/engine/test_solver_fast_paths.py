@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import scipy.optimize as sp_opt
 
-from sigprop.engine import deep_kernel_shaping, qc_maps, tat
+from sigprop.engine.maps import qc_maps
 from sigprop.engine.maps.activation_jets import JETS
 from sigprop.engine.maps.activations import get_activation
 from sigprop.engine.maps.qc_maps import HermiteCMap, _z_kinks, moment_rule
 from sigprop.engine.maps.quadrature import SERIES_RULE, gaussian_rule
+from sigprop.engine.methods import deep_kernel_shaping, tat
 from sigprop.engine.methods.roots import complex_step, newton_bracketed
 from sigprop.engine.network.program import chain_program, compile_program, general_program
 from sigprop.engine.solve import prepare, solve
@@ -318,7 +319,7 @@ def test_hermite_map_evaluation_equals_horner(name, params):
 def test_repeated_points_are_evaluated_once(monkeypatch):
     """scipy's root evaluates its start three times, and a polished root is evaluated again in the
     other coordinates: the conditions remember the last point, and the answer is unchanged."""
-    from sigprop.engine import transform
+    from sigprop.engine.maps import transform
 
     calls = []
     real = transform._conditions

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from sigprop.engine import token_kernels as tk
+from sigprop.engine.maps import token_kernels as tk
 from sigprop.engine.maps.activations import get_activation, transformed
 from sigprop.engine.maps.qc_maps import HermiteCMap, leaky_relu_c_map, local_stats
 from sigprop.errors import SigpropError

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import sigprop
-from sigprop.engine import token_kernels as tk
+from sigprop.engine.maps import token_kernels as tk
 
 
 def orthonormal_tokens(t: int, n: int, rng) -> np.ndarray:

@@ -67,7 +67,7 @@ def test_geometric_solves_the_issues_3000_block_ladder_in_well_under_3_s():
 def test_geometric_branch_gains_match_the_pass_per_layer_they_replace():
     # the old definition, one forward and one backward pass per layer between it and its
     # dominator, on a graph small enough for it: the segment pass must give the same ratios
-    from sigprop.engine import geometric as geo
+    from sigprop.engine.methods import geometric as geo
 
     graph = build_graph(Graph.model_validate(ladder(12)), "relu")
     gains = geo._activation_gains(graph, geo._resolve("relu"), 0.5, [])

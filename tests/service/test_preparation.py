@@ -17,9 +17,9 @@ import pytest
 from sigprop import preparation
 from sigprop.api import solutions
 from sigprop.api.solutions import SolutionService
-from sigprop.engine import templates
 from sigprop.engine.limits import Limits
 from sigprop.engine.solve import Prepared, prepare, solve_canonical
+from sigprop.engine.templates import expand as templates
 from sigprop.errors import SigpropError
 from sigprop.requests import parse_solve_request
 from sigprop.settings import Settings, offline_limits
