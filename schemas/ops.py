@@ -107,6 +107,14 @@ class OpRule:
     color: str = "#868e96"
     # in the order of the contract's description of the op
     summary: str = ""
+    # what a pool takes of its window: "mean" or "max" ("" for an op that is not a pool)
+    pool: str = ""
+    # an op over the locations of a feature map (channels, height, width): a convolution, a pool
+    spatial: bool = False
+    # a norm that subtracts the feature mean before it scales (layer_norm; rms_norm does not)
+    centres: bool = False
+    # random in training mode (dropout): measured, not predicted, when it is on
+    stochastic: bool = False
 
 
 def _pooled(op: str, window: Callable[[Mapping, tuple], int]) -> Callable[[Mapping, tuple], Coverage]:
@@ -186,6 +194,7 @@ _ROWS = (
         window=_kernel_taps,
         color="#1864ab",
         summary="a 2-d convolution",
+        spatial=True,
     ),
     OpRule(
         "activation",
@@ -220,6 +229,8 @@ _ROWS = (
         coverage=_pooled("avg_pool", _kernel_taps),
         color="#0b7285",
         summary="the mean over a window of locations",
+        pool="mean",
+        spatial=True,
     ),
     OpRule(
         "max_pool",
@@ -230,6 +241,8 @@ _ROWS = (
         coverage=_pooled("max_pool", _kernel_taps),
         color="#0c8599",
         summary="the maximum over a window of locations",
+        pool="max",
+        spatial=True,
     ),
     OpRule(
         "global_avg_pool",
@@ -239,6 +252,8 @@ _ROWS = (
         coverage=_pooled("global_avg_pool", _all_locations),
         color="#15aabf",
         summary="the mean over all locations",
+        pool="mean",
+        spatial=True,
     ),
     OpRule("flatten", PASS, shape=rules.flatten_shape, shown=False, summary="a feature map as one vector"),
     OpRule(
@@ -249,6 +264,7 @@ _ROWS = (
         shown=False,
         color="#adb5bd",
         summary="dropout (the identity at evaluation)",
+        stochastic=True,
     ),
     OpRule("identity", PASS, shown=False, summary="the identity"),
     OpRule("output", PASS, color="#c92a2a", summary="the network output"),
@@ -267,6 +283,7 @@ _ROWS = (
         shape=rules.norm_shape,
         color="#5c940d",
         summary="per-token normalization over the features",
+        centres=True,
     ),
 )
 
