@@ -115,6 +115,14 @@ class OpRule:
     centres: bool = False
     # random in training mode (dropout): measured, not predicted, when it is on
     stochastic: bool = False
+    # one input, and f(a y) = a f(y) for every a > 0: a positive factor on its input is the same factor
+    # on its output (calibration puts a node's factor into the layer feeding it through such ops)
+    homogeneous: bool = False
+    # turns a feature map into per-example features: the cosine of two examples after it is the mean
+    # over locations of the locations' (flatten; a global pool averages the locations first)
+    to_features: bool = False
+    # the network's output (one per graph)
+    sink: bool = False
 
 
 def _pooled(op: str, window: Callable[[Mapping, tuple], int]) -> Callable[[Mapping, tuple], Coverage]:
@@ -229,6 +237,7 @@ _ROWS = (
         coverage=_pooled("avg_pool", _kernel_taps),
         color="#0b7285",
         summary="the mean over a window of locations",
+        homogeneous=True,
         pool="mean",
         spatial=True,
     ),
@@ -241,6 +250,7 @@ _ROWS = (
         coverage=_pooled("max_pool", _kernel_taps),
         color="#0c8599",
         summary="the maximum over a window of locations",
+        homogeneous=True,
         pool="max",
         spatial=True,
     ),
@@ -252,10 +262,20 @@ _ROWS = (
         coverage=_pooled("global_avg_pool", _all_locations),
         color="#15aabf",
         summary="the mean over all locations",
+        homogeneous=True,
+        to_features=True,
         pool="mean",
         spatial=True,
     ),
-    OpRule("flatten", PASS, shape=rules.flatten_shape, shown=False, summary="a feature map as one vector"),
+    OpRule(
+        "flatten",
+        PASS,
+        shape=rules.flatten_shape,
+        shown=False,
+        summary="a feature map as one vector",
+        homogeneous=True,
+        to_features=True,
+    ),
     OpRule(
         "dropout",
         PASS,
@@ -264,10 +284,11 @@ _ROWS = (
         shown=False,
         color="#adb5bd",
         summary="dropout (the identity at evaluation)",
+        homogeneous=True,
         stochastic=True,
     ),
-    OpRule("identity", PASS, shown=False, summary="the identity"),
-    OpRule("output", PASS, color="#c92a2a", summary="the network output"),
+    OpRule("identity", PASS, shown=False, summary="the identity", homogeneous=True),
+    OpRule("output", PASS, color="#c92a2a", summary="the network output", homogeneous=True, sink=True),
     OpRule(
         "attention",
         ATTENTION,
