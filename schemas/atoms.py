@@ -43,14 +43,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import SigpropError
+from .ops import ACT, AFFINE, CONCAT, SOURCE, SUM, ops_of_kind
 
 __all__ = ["MAX_TERMS", "AtomPass", "BadSum", "atom_pass", "expansion_bound", "private_nodes"]
 
 MAX_TERMS = 2_000_000  # total coefficients the pass may hold: tens of MB, well under a second
 
-_LINEAR = ("sum", "concat")
-_ATOM = ("dense", "conv")
-_FEATURE = ("input", "activation")
+# the ops of each kind the pass treats apart (every other kind passes its first input's atoms on)
+_LINEAR = ops_of_kind(SUM, CONCAT)
+_ATOM = ops_of_kind(AFFINE)
+_FEATURE = ops_of_kind(SOURCE, ACT)
+_SOURCES, _ACTS, _SUMS, _CONCATS = ops_of_kind(SOURCE), ops_of_kind(ACT), ops_of_kind(SUM), ops_of_kind(CONCAT)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def private_nodes(
     n = len(ops)
     consumers = _consumers(inputs) if consumers is None else consumers
     carries = _carries(ops, consumers)
-    travels = [op not in _ATOM and (op != "activation" or c) for op, c in zip(ops, carries, strict=True)]
+    travels = [op not in _ATOM and (op not in _ACTS or c) for op, c in zip(ops, carries, strict=True)]
     exit_ = n
     ipdom = [exit_] * n
     depth = [0] * (n + 1)  # the exit is the root, depth 0; nodes below it from 1
@@ -141,9 +144,9 @@ def private_nodes(
     low = list(range(n))  # P(v): the lowest common post-dominator of v's cone
     private = [True] * n
     for v, op in enumerate(ops):
-        if op in _ATOM or op == "input":
+        if op in _ATOM or op in _SOURCES:
             continue
-        if op == "activation" and not carries[v]:
+        if op in _ACTS and not carries[v]:
             continue  # its output only meets fresh weights: the cone ends here
         p = v
         for i in inputs[v]:
@@ -159,9 +162,9 @@ def expansion_bound(ops: Sequence[str], inputs: Sequence[Sequence[int]], private
     for v, op in enumerate(ops):
         if op in _ATOM or op in _FEATURE or private[v]:
             size[v] = 1
-        elif op == "sum":
+        elif op in _SUMS:
             size[v] = sum(size[i] for i in inputs[v])
-        elif op == "concat":
+        elif op in _CONCATS:
             size[v] = 1 + sum(size[i] for i in inputs[v])  # its own atom, and what it hides
         else:
             size[v] = size[inputs[v][0]]
@@ -204,11 +207,11 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             exp[v] = {v: 1.0}
             witness[v] = (v, None)
             feature[v] = True
-            if op == "activation" and carries[v]:  # its output enters a combination: who it is correlated with
+            if op in _ACTS and carries[v]:  # its output enters a combination: who it is correlated with
                 reach[v] = _support(exp[ins[0]], reach)
                 held = _hold(held, reach[v], bound)
             continue
-        if op == "sum":
+        if op in _SUMS:
             ws = weights[v] or [1.0 / math.sqrt(len(ins))] * len(ins)
             acc: dict[int, float] = {}
             merged = len(set(ins)) < len(ins)
@@ -229,7 +232,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             if found is not None:
                 bad.append(found)
             exp[v] = mixes[v] = acc
-        elif op == "concat":
+        elif op in _CONCATS:
             # a concatenation is one atom (its coordinates come from different parts, so its kernel
             # is their width-weighted average); what it is made of stays visible through ``reach``
             exp[v] = {v: 1.0}
@@ -243,8 +246,8 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
         if op in _LINEAR:
             bad_in = next((witness[i] for i in ins if witness[i] is not None), None)
             witness[v] = None if bad_in is None else (bad_in[0], v)
-            feature[v] = bad_in is not None and op == "concat"
-        if private[v] and op == "sum":
+            feature[v] = bad_in is not None and op in _CONCATS
+        if private[v] and op in _SUMS:
             feature[v] = witness[v] is not None
             exp[v] = {v: 1.0}  # its cone is its own: one atom from here on
     return AtomPass(tuple(exp), mixes, tuple(witness), scales, frozenset(shared), tuple(bad), tuple(private))

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from .atoms import AtomPass, BadSum, atom_pass
 from .errors import SigpropError
 from .graph import Graph
+from .ops import ACT, AFFINE, CONCAT, EXACT, OP_TABLE, SOURCE, SUM
 
 __all__ = [
     "SUBNETWORK_CONVENTION",
@@ -101,25 +102,31 @@ def structure_report(nodes: Sequence) -> StructureReport:
     architectures, bounded before it starts). ``nodes``: in topological order, each with ``op``,
     ``inputs`` (indices) and, for sums and dropout, ``attrs`` (``weights``, ``rate``)."""
     ops = tuple(nd.op for nd in nodes)
+    rows = [OP_TABLE[op] for op in ops]
     found = atom_pass(
-        ops, [nd.inputs for nd in nodes], [_attrs(nd).get("weights") if nd.op == "sum" else None for nd in nodes]
+        ops,
+        [nd.inputs for nd in nodes],
+        [_attrs(nd).get("weights") if row.kind == SUM else None for nd, row in zip(nodes, rows, strict=True)],
     )
     violations = []
     for index, nd in enumerate(nodes):
-        if nd.op == "activation" and found.witness[nd.inputs[0]] is not None:
+        if rows[index].kind == ACT and found.witness[nd.inputs[0]] is not None:
             source, via = found.witness[nd.inputs[0]]
             violations.append(Violation(index, source, via))
     return StructureReport(
         violations=tuple(violations),
-        avg_pools=tuple(i for i, op in enumerate(ops) if op in ("avg_pool", "global_avg_pool")),
-        max_pools=tuple(i for i, op in enumerate(ops) if op == "max_pool"),
-        convolutional="conv" in ops,
+        avg_pools=tuple(i for i, row in enumerate(rows) if row.pool == "mean"),
+        max_pools=tuple(i for i, row in enumerate(rows) if row.pool == "max"),
+        convolutional=any(row.kind == AFFINE and row.spatial for row in rows),
         ops=ops,
         bad_sums=found.bad_sums,
         sum_scales=found.scales,
         shared_sums=found.shared,
         atoms=found,
-        dropouts=tuple(i for i, op in enumerate(ops) if op == "dropout" and _attrs(nodes[i]).get("rate", 0.0) > 0),
+        # random nodes that are on (a dropout at a positive rate): their row's coverage is not exact there
+        dropouts=tuple(
+            i for i, row in enumerate(rows) if row.stochastic and row.coverage(_attrs(nodes[i]), ()).verdict != EXACT
+        ),
     )
 
 
@@ -180,7 +187,7 @@ _PREACT_FIX = (
 def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[str, str]:
     """(what happens at this activation, the fix) for one violation."""
     act, source = ids[v.activation], ids[v.source]
-    if report.ops[v.source] == "input":
+    if OP_TABLE[report.ops[v.source]].kind == SOURCE:
         return (
             f"activation {act!r} reads the network input {source!r} with no weighted layer before it",
             "put a dense or conv layer between the input and the first activation",
@@ -191,7 +198,7 @@ def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[s
             "merge the two activations into one, or put a weighted layer between them",
         )
     via = ids[v.via]
-    if report.ops[v.via] == "concat":
+    if OP_TABLE[report.ops[v.via]].kind == CONCAT:
         return (
             f"activation {act!r} reads concatenation {via!r}, which carries the output of activation {source!r}",
             "end every concatenated branch with a weighted layer (for a DenseNet stem: conv -> pool, "
@@ -208,7 +215,8 @@ def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[s
 def _sum_cause(ids: Sequence[str], report: StructureReport, b: BadSum) -> tuple[str, str]:
     """(what happens at this sum, the fix) for a sum with no exact Gaussian description."""
     node, feat, other = ids[b.node], ids[b.feature], ids[b.partner]
-    what = "the network input" if report.ops[b.feature] == "input" else f"the post-activation feature {feat!r}"
+    source = OP_TABLE[report.ops[b.feature]].kind == SOURCE
+    what = "the network input" if source else f"the post-activation feature {feat!r}"
     if b.concat:
         why = (
             f"sum {node!r} adds concatenation {feat!r} and {other!r}, which share atoms: the correlation of "

@@ -29,7 +29,10 @@ from .engine.templates.transformer import transformer_param
 from .errors import SigpropError
 from .requests import SOLVE_HINT, load_json, parse_solve_request
 from .schemas.graph import Template
-from .schemas.ops import ATTENTION
+from .schemas.ops import ATTENTION, OP_TABLE
+
+# ops that take any number of inputs (their row's arity has no upper bound): what max_fan_in limits
+_UNBOUNDED_FAN_IN = frozenset(op for op, row in OP_TABLE.items() if row.arity[1] is None)
 
 COST_HINT = (
     "split the network or use a smaller template depth, or raise SIGPROP_MAX_SOLVE_COST "
@@ -139,7 +142,8 @@ def admit(data, limits: Limits) -> Admitted:
         for nd in nodes:
             ins = nd.get("inputs") if isinstance(nd, dict) else None
             op = nd.get("op") if isinstance(nd, dict) else None
-            if op in ("sum", "concat") and isinstance(ins, list) and len(ins) > limits.max_fan_in:
+            unbounded = isinstance(op, str) and op in _UNBOUNDED_FAN_IN
+            if unbounded and isinstance(ins, list) and len(ins) > limits.max_fan_in:
                 raise fan_in_error(f"{op} node '{nd.get('id')}'", len(ins), limits.max_fan_in)
     return Admitted(data, cost[0] + cost[1], None)
 

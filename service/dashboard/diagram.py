@@ -9,31 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..schemas.ops import ACT, CONCAT, OP_TABLE, SOURCE, SUM
+
 MAX_DIAGRAM_NODES = 1000  # larger graphs: the diagram shows the input end, this many nodes
 # the diagram's geometry, in pixels: spacing between levels and rows (shrunk down to the minimum
 # for long or wide graphs), and the size it aims at before it scrolls
 DIAGRAM_DX, DIAGRAM_MIN_DX, DIAGRAM_DY, DIAGRAM_MIN_DY = 30.0, 9.0, 28.0, 8.0
 DIAGRAM_WIDTH, DIAGRAM_HEIGHT, DIAGRAM_PAD = 1180.0, 320.0, 16.0
 
-# one colour per op, so the diagram's legend reads as the graph's vocabulary
-OP_COLORS = {
-    "input": "#2b8a3e",
-    "output": "#c92a2a",
-    "dense": "#1971c2",
-    "conv": "#1864ab",
-    "activation": "#f08c00",
-    "sum": "#7048e8",
-    "concat": "#ae3ec9",
-    "avg_pool": "#0b7285",
-    "max_pool": "#0c8599",
-    "global_avg_pool": "#15aabf",
-    "flatten": "#868e96",
-    "dropout": "#adb5bd",
-    "identity": "#868e96",
-    "attention": "#e8590c",
-    "layer_norm": "#5c940d",
+# one colour per op (its row's), so the diagram's legend reads as the graph's vocabulary
+OP_COLORS = {op: row.color for op, row in OP_TABLE.items()}
+# a marker per kind (a circle for the others); the output, the contract's one terminal node, as the input
+KIND_SHAPES = {SOURCE: "diamond", SUM: "sum", CONCAT: "square", ACT: "triangle"}
+OP_SHAPES = {op: KIND_SHAPES[row.kind] for op, row in OP_TABLE.items() if row.kind in KIND_SHAPES} | {
+    "output": "diamond"
 }
-OP_SHAPES = {"input": "diamond", "output": "diamond", "sum": "sum", "concat": "square", "activation": "triangle"}
 NODE_ATTRS = (
     "units",
     "channels",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import operator
 import re
 from dataclasses import dataclass, fields
@@ -21,7 +20,7 @@ import numpy as np
 
 from ..errors import SigpropError
 from ..schemas.graph import Template
-from ..schemas.ops import SUM
+from ..schemas.ops import OP_TABLE, SUM
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
 from ..version import ENGINE_VERSION
@@ -184,15 +183,15 @@ def solve_canonical(prep: Prepared) -> Solution:
 
 
 def pooled_locations(graph: NetworkGraph) -> list[int]:
-    """Pooling nodes that mix more than one location: avg_pool / max_pool with a window above 1 x 1,
-    global_avg_pool of a map larger than 1 x 1."""
-    out = []
-    for nd in graph.nodes:
-        if nd.op in ("avg_pool", "max_pool") and math.prod(nd.attrs["kernel"]) > 1:
-            out.append(nd.index)
-        elif nd.op == "global_avg_pool" and math.prod(graph.nodes[nd.inputs[0]].shape[1:]) > 1:
-            out.append(nd.index)
-    return out
+    """Pooling nodes that mix more than one location: the window their row reads (``OpRule.window``)
+    is above one entry, e.g. avg_pool / max_pool with a window above 1 x 1, global_avg_pool of a map
+    larger than 1 x 1."""
+    nodes = graph.nodes
+    return [
+        nd.index
+        for nd in nodes
+        if OP_TABLE[nd.op].pool and OP_TABLE[nd.op].window(nd.attrs, nodes[nd.inputs[0]].shape) > 1
+    ]
 
 
 def _sequence_view(graph: NetworkGraph, named: NetworkGraph, request: SolveRequest) -> SequenceView | None:

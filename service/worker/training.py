@@ -39,6 +39,7 @@ from torch import nn
 from ..engine.graph.build import NetworkGraph, build_graph
 from ..errors import SigpropError
 from ..schemas.graph import Graph
+from ..schemas.ops import AFFINE, CONCAT, SOURCE, SUM
 from ..schemas.solve import Solution, SolveRequest
 from .datasets import Dataset, load_dataset
 from .inputs import DEFAULT_LR, SGD_MOMENTUM, TrainConfig, _as_graph, _as_solution, _training_config
@@ -448,9 +449,9 @@ def _graph_facts(net: NetworkGraph) -> dict:
     return {
         "nodes": net.n,
         "depth": net.depth(),
-        "weighted": sum(1 for nd in net.nodes if nd.op in ("dense", "conv")),
-        "sums": sum(1 for nd in net.nodes if nd.op == "sum"),
-        "concats": sum(1 for nd in net.nodes if nd.op == "concat"),
+        "weighted": net.count(AFFINE),
+        "sums": net.count(SUM),
+        "concats": net.count(CONCAT),
     }
 
 
@@ -485,7 +486,7 @@ def run_validation(
     if cancelled():
         raise Cancelled("validation cancelled before it started")
 
-    input_shape = next(nd.shape for nd in net.nodes if nd.op == "input")
+    input_shape = next(nd.shape for nd in net.nodes if nd.kind == SOURCE)
     ds = load_dataset(req.dataset, req.seed, input_shape=input_shape)
     cfg = TrainConfig.create(req, request, sol, len(ds.y_train), eval_every)
     data = _tensors(ds, dev)

@@ -58,7 +58,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ...errors import SigpropError
-from ...schemas.ops import ACT, AFFINE, CONCAT, SUM
+from ...schemas.ops import ACT, AFFINE, CONCAT, OP_TABLE, SUM
 from ...schemas.solve import JacobianSummary
 from ..graph.build import NetworkGraph
 from .subnetworks import _dominators
@@ -300,7 +300,7 @@ def detect_structure(graph: NetworkGraph) -> Structure | None:
     acts = Counter(nd.attrs["fn"] for nd in nodes if nd.kind == ACT)
     if set(acts) - {"relu"}:
         notes.append(f"the theory is for ReLU; the graph uses {', '.join(sorted(acts))}")
-    if any(nd.op == "conv" for nd in affines):
+    if any(OP_TABLE[nd.op].spatial for nd in affines):
         notes.append("convolutions are treated as fully connected layers over channels")
     sums = [nd for nd in nodes if nd.kind == SUM]
     concats = [nd for nd in nodes if nd.kind == CONCAT]

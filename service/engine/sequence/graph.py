@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import SigpropError
-from ...schemas.ops import AFFINE, ATTENTION, NORM, PASS
+from ...schemas.ops import ACT, AFFINE, ATTENTION, NORM, OP_TABLE, PASS, SOURCE
 from ...schemas.solve import SEQUENCE_METHODS, SolveRequest
 from ..graph.build import NetworkGraph, Node, pass_sources
 
@@ -78,7 +78,7 @@ def _check_attention(graph: NetworkGraph, nd: Node, consumers: list[list[int]]) 
     nodes = graph.nodes
     nd = nodes[nd.index]
     q, k, v = (nodes[i] for i in nd.inputs)
-    if not all(x.kind == AFFINE and x.op == "dense" for x in (q, k, v)):
+    if not all(x.kind == AFFINE and not OP_TABLE[x.op].spatial for x in (q, k, v)):
         raise _unsupported(
             f"attention node '{nd.user_id}' reads {', '.join(repr(x.user_id) for x in (q, k, v))}: query, key and "
             "value must be dense nodes",
@@ -117,9 +117,9 @@ def scalar_view(graph: NetworkGraph, named: NetworkGraph | None = None) -> Seque
             attention.append(nd.index)
             queries.add(nd.inputs[0])
             keys.add(nd.inputs[1])
-        elif nd.kind == NORM and nodes[source[nd.inputs[0]]].op == "activation":
+        elif nd.kind == NORM and OP_TABLE[nd.op].centres and nodes[source[nd.inputs[0]]].kind == ACT:
             raise _unsupported(
-                f"layer_norm node '{named.nodes[nd.index].user_id}' reads the output of activation "
+                f"{nd.op} node '{named.nodes[nd.index].user_id}' reads the output of activation "
                 f"'{named.nodes[source[nd.inputs[0]]].user_id}'",
                 "a layer_norm centres each token, which the kernel maps of a post-activation stream do not "
                 "describe: put a dense layer (or the residual sum of dense outputs) before it",
@@ -144,7 +144,7 @@ def scalar_view(graph: NetworkGraph, named: NetworkGraph | None = None) -> Seque
             op, kind, attrs, ins = "identity", PASS, {}, (nd.inputs[2],)
         elif kind == NORM:
             op, kind, attrs = "identity", PASS, {}
-        elif op == "input" and "sequence" in attrs:
+        elif kind == SOURCE and "sequence" in attrs:
             attrs = {"shape": list(shape)}
         view.append(Node(i, nd.user_id, op, kind, tuple(index[j] for j in ins), attrs, tuple(shape)))
     return SequenceView(
