@@ -59,6 +59,7 @@ from ..engine.graph.build import AFFINE, NetworkGraph, build_graph
 from ..errors import SigpropError
 from ..schemas.activations import PIECEWISE_LINEAR_ACTIVATIONS, SPARSE_ACTIVATIONS
 from ..schemas.graph import Graph
+from ..schemas.ops import OP_TABLE, SOURCE
 from ..schemas.solve import Solution
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "structure_digest",
     "RELU_FAMILY",
     "SPARSE_ACTIVATIONS",
+    "MODULE_BUILDERS",
 ]
 
 # the activations whose dead units (never on the active side) a validation counts
@@ -106,7 +108,7 @@ def _reserved(seg: str, top: bool) -> bool:
 
 def _input_shape(graph: NetworkGraph) -> tuple[int, ...]:
     """The shape of the graph's one input node (a validation network takes one)."""
-    inputs = [nd for nd in graph.nodes if nd.op == "input"]
+    inputs = [nd for nd in graph.nodes if nd.kind == SOURCE]
     if len(inputs) != 1:
         raise SigpropError(
             "unsupported_op",
@@ -123,7 +125,7 @@ def _check_output(graph: NetworkGraph, n_classes: int) -> None:
         last = next((nd for nd in reversed(graph.nodes[: graph.output + 1]) if nd.kind == AFFINE), None)
         what = (
             f"its last weighted layer '{last.user_id}' has {last.shape[0]} "
-            f"{'units' if last.op == 'dense' else 'channels'}"
+            f"{'channels' if OP_TABLE[last.op].spatial else 'units'}"
             if last is not None
             else "it has no weighted layer"
         )
@@ -135,69 +137,104 @@ def _check_output(graph: NetworkGraph, n_classes: int) -> None:
         )
 
 
+def _input(model, nd, ins, in_shape, activation, residual):
+    return "input", None
+
+
+def _dense(model, nd, ins, in_shape, activation, residual):
+    # per token in a sequence graph ([T, D]): the features are the last axis
+    mod = nn.Linear(int(in_shape[-1]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
+    model.weighted.append(nd.user_id)
+    return "module", mod
+
+
+def _conv(model, nd, ins, in_shape, activation, residual):
+    mod = nn.Conv2d(
+        int(in_shape[0]),
+        int(nd.attrs["channels"]),
+        kernel_size=tuple(nd.attrs["kernel"]),
+        stride=tuple(nd.attrs["stride"]),
+        padding=_torch_padding(nd.user_id, nd.attrs, in_shape),
+        bias=bool(nd.attrs["bias"]),
+    )
+    model.weighted.append(nd.user_id)
+    return "module", mod
+
+
+def _activation(model, nd, ins, in_shape, activation, residual):
+    mod = activation_module(activation or nd.attrs["fn"])
+    model.activations.append(nd.user_id)
+    return "module", mod
+
+
+def _sum(model, nd, ins, in_shape, activation, residual):
+    weights = [1.0] * len(ins) if residual == "plain" else list(nd.attrs["weights"])
+    mod = NormalizedSum(len(ins), weights)
+    model.sums.append(nd.user_id)
+    return "sum", mod
+
+
+def _pool(cls):
+    def build(model, nd, ins, in_shape, activation, residual):
+        attrs = nd.attrs
+        return "module", cls(
+            kernel_size=tuple(attrs["kernel"]), stride=tuple(attrs["stride"]), padding=attrs.get("padding", 0)
+        )
+
+    return build
+
+
+def _attention(model, nd, ins, in_shape, activation, residual):
+    seq_len, width = (int(v) for v in in_shape)
+    mod = ShapedAttention(int(nd.attrs.get("heads", 1)), seq_len, bool(nd.attrs.get("causal", True)), d_model=width)
+    model.attentions.append(nd.user_id)
+    return "attention", mod
+
+
+def _layer_norm(model, nd, ins, in_shape, activation, residual):
+    mod = nn.LayerNorm(int(in_shape[-1]))
+    model.norms.append(nd.user_id)
+    return "module", mod
+
+
+def _run(how: str):
+    """A node run by ``GraphModel.forward`` itself, with no module."""
+    return lambda model, nd, ins, in_shape, activation, residual: (how, None)
+
+
+# The torch module of each op of the op table (``schemas.ops.OP_TABLE``; a test checks every op has
+# one): (model, node, inputs, the first input's shape, activation override, residual mode) ->
+# (how ``GraphModel.forward`` runs the node, its module or None), noting weighted, activation, sum,
+# attention and norm nodes in the model.
+MODULE_BUILDERS = {
+    "input": _input,
+    "dense": _dense,
+    "conv": _conv,
+    "activation": _activation,
+    "sum": _sum,
+    "concat": _run("concat"),
+    "avg_pool": _pool(nn.AvgPool2d),
+    "max_pool": _pool(nn.MaxPool2d),
+    "global_avg_pool": _run("global_avg_pool"),
+    "flatten": _run("flatten"),
+    "dropout": lambda model, nd, ins, in_shape, activation, residual: ("module", nn.Dropout(float(nd.attrs["rate"]))),
+    "identity": lambda model, nd, ins, in_shape, activation, residual: ("module", nn.Identity()),
+    "attention": _attention,
+    "layer_norm": _layer_norm,
+    "output": _run("pass"),
+}
+
+
 def _node_module(
     model: GraphModel, graph: NetworkGraph, nd, activation: str | None, residual: str
 ) -> tuple[str, nn.Module | None]:
-    """(how the forward pass runs the node, its module or None), noting weighted, activation and
-    sum nodes in ``model``."""
+    """(how the forward pass runs the node, its module or None), from its op's builder."""
     ins = tuple(nd.inputs)
     in_shape = graph.nodes[ins[0]].shape if ins else None
-    mod: nn.Module | None = None
-    kind = "module"
-    if nd.op == "input":
-        kind = "input"
-    elif nd.op == "dense":
-        # per token in a sequence graph ([T, D]): the features are the last axis
-        mod = nn.Linear(int(in_shape[-1]), int(nd.attrs["units"]), bias=bool(nd.attrs["bias"]))
-        model.weighted.append(nd.user_id)
-    elif nd.op == "conv":
-        mod = nn.Conv2d(
-            int(in_shape[0]),
-            int(nd.attrs["channels"]),
-            kernel_size=tuple(nd.attrs["kernel"]),
-            stride=tuple(nd.attrs["stride"]),
-            padding=_torch_padding(nd.user_id, nd.attrs, in_shape),
-            bias=bool(nd.attrs["bias"]),
-        )
-        model.weighted.append(nd.user_id)
-    elif nd.op == "activation":
-        mod = activation_module(activation or nd.attrs["fn"])
-        model.activations.append(nd.user_id)
-    elif nd.op == "sum":
-        weights = [1.0] * len(ins) if residual == "plain" else list(nd.attrs["weights"])
-        mod = NormalizedSum(len(ins), weights)
-        kind = "sum"
-        model.sums.append(nd.user_id)
-    elif nd.op == "concat":
-        kind = "concat"
-    elif nd.op in ("avg_pool", "max_pool"):
-        cls = nn.AvgPool2d if nd.op == "avg_pool" else nn.MaxPool2d
-        mod = cls(
-            kernel_size=tuple(nd.attrs["kernel"]),
-            stride=tuple(nd.attrs["stride"]),
-            padding=nd.attrs.get("padding", 0),
-        )
-    elif nd.op == "global_avg_pool":
-        kind = "global_avg_pool"
-    elif nd.op == "flatten":
-        kind = "flatten"
-    elif nd.op == "dropout":
-        mod = nn.Dropout(float(nd.attrs["rate"]))
-    elif nd.op == "identity":
-        mod = nn.Identity()
-    elif nd.op == "attention":
-        seq_len, width = (int(v) for v in in_shape)
-        mod = ShapedAttention(int(nd.attrs.get("heads", 1)), seq_len, bool(nd.attrs.get("causal", True)), d_model=width)
-        kind = "attention"
-        model.attentions.append(nd.user_id)
-    elif nd.op == "layer_norm":
-        mod = nn.LayerNorm(int(in_shape[-1]))
-        model.norms.append(nd.user_id)
-    elif nd.op == "output":
-        kind = "pass"
-    else:  # pragma: no cover - build_graph admits no other op
+    build = MODULE_BUILDERS.get(nd.op)
+    if build is None:  # pragma: no cover - build_graph admits no other op
         raise SigpropError("unsupported_op", f"node '{nd.user_id}' has op {nd.op!r}", "")
-    return kind, mod
+    return build(model, nd, ins, in_shape, activation, residual)
 
 
 class GraphModel(nn.Module):
