@@ -161,3 +161,23 @@ def test_pending_files_exist(name):
 def test_the_worker_builds_a_module_for_every_op():
     models = pytest.importorskip("sigprop.worker.models")
     assert set(models.MODULE_BUILDERS) == set(OP_TABLE)
+
+
+def _kind_dispatches() -> dict[str, dict]:
+    from sigprop.engine.network.eoc_network import NODE_KIND_RULES
+    from sigprop.engine.network.subnetworks import STEP_RULES
+    from sigprop.engine.sequence.token_program import TOKEN_RULES
+
+    return {
+        "engine.network.eoc_network.NODE_KIND_RULES": NODE_KIND_RULES,
+        "engine.network.subnetworks.STEP_RULES": STEP_RULES,
+        "engine.sequence.token_program.TOKEN_RULES": TOKEN_RULES,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_kind_dispatches()))
+def test_every_kind_of_the_table_has_a_handler_in_each_per_kind_dispatch(name):
+    handlers = _kind_dispatches()[name]
+    used = {row.kind for row in OP_TABLE.values()}
+    assert used <= set(handlers), f"{name} lacks a handler for {sorted(used - set(handlers))}"
+    assert set(handlers) <= set(KINDS)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq
 
-from ...schemas.ops import ACT, AFFINE, CONCAT, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, SOURCE, SUM
 from ..graph.build import NetworkGraph
 from ..maps.activations import Activation
 from ..methods.eoc import EOCSolution, variance_map
@@ -41,22 +41,34 @@ INPUT, GAUSS = "input", "gauss"
 DRIFT_LIMIT = 2.0  # the other kind is a function slot (int): that function's features
 
 
+def _union(nd, out: list[frozenset], slot: dict) -> frozenset:
+    return frozenset().union(*(out[i] for i in nd.inputs))
+
+
+def _first(nd, out: list[frozenset], slot: dict) -> frozenset:
+    return out[nd.inputs[0]]
+
+
+# what a node of each op kind holds, from the node, the earlier nodes' values and the function slots
+NODE_KIND_RULES = {
+    SOURCE: lambda nd, out, slot: frozenset([INPUT]),
+    AFFINE: lambda nd, out, slot: frozenset([GAUSS]),
+    ACT: lambda nd, out, slot: frozenset([slot[nd.attrs["fn"]]]),
+    SUM: _union,
+    CONCAT: _union,
+    PASS: _first,  # identity, dropout (evaluation mode), flatten, pooling, output
+    NORM: _first,
+    ATTENTION: _first,
+}
+
+
 def node_kinds(graph: NetworkGraph) -> list[frozenset]:
     """What each node's value is made of: ``INPUT``, ``GAUSS`` or activation function slots (in
     ``activation_fns`` order). Linear ops take the union of their inputs' kinds."""
     slot = {fn: i for i, fn in enumerate(graph.activation_fns())}
     out: list[frozenset] = []
     for nd in graph.nodes:
-        if nd.kind == SOURCE:
-            out.append(frozenset([INPUT]))
-        elif nd.kind == AFFINE:
-            out.append(frozenset([GAUSS]))
-        elif nd.kind == ACT:
-            out.append(frozenset([slot[nd.attrs["fn"]]]))
-        elif nd.kind in (SUM, CONCAT):
-            out.append(frozenset().union(*(out[i] for i in nd.inputs)))
-        else:  # pass-through: identity, dropout (evaluation mode), flatten, pooling, output
-            out.append(out[nd.inputs[0]])
+        out.append(NODE_KIND_RULES[nd.kind](nd, out, slot))
     return out
 
 

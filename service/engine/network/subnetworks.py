@@ -34,7 +34,7 @@ import numpy as np
 
 from ...errors import SigpropError
 from ...schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ...schemas.ops import ACT, CONCAT, PASS, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, SOURCE, SUM
 from ...schemas.structure import StructureReport
 from ..graph.build import NetworkGraph
 
@@ -244,19 +244,33 @@ def _euler_intervals(parent: list[int], root: int) -> tuple[list[int], list[int]
     return tin, tout
 
 
+def _pass_step(nodes, v, nd, fn_slot: dict[str, int]) -> tuple:
+    return (v, _OP_PASS, nd.inputs[0], None)
+
+
+# the evaluation step of a node of each op kind, from the nodes, its index, the node and the function slots
+STEP_RULES = {
+    SOURCE: lambda nodes, v, nd, fn_slot: (v, _OP_PASS, None, None),
+    ACT: lambda nodes, v, nd, fn_slot: (v, _OP_ACT, nd.inputs[0], fn_slot[nd.attrs["fn"]]),
+    SUM: lambda nodes, v, nd, fn_slot: (v, _OP_MIX, nd.inputs, sum_coefficients(nd.attrs["weights"])),
+    CONCAT: lambda nodes, v, nd, fn_slot: (
+        v,
+        _OP_MIX,
+        nd.inputs,
+        concat_coefficients(nodes[i].width for i in nd.inputs),
+    ),
+    PASS: _pass_step,
+    AFFINE: _pass_step,
+    NORM: _pass_step,
+    ATTENTION: _pass_step,
+}
+
+
 def _step(nodes, v: int, fn_slot: dict[str, int]) -> tuple:
     """The evaluation step of node v: (node, op, inputs, the mix coefficients, an activation's
     function slot, or None)."""
     nd = nodes[v]
-    if nd.kind == SOURCE:
-        return (v, _OP_PASS, None, None)
-    if nd.kind == ACT:
-        return (v, _OP_ACT, nd.inputs[0], fn_slot[nd.attrs["fn"]])
-    if nd.kind == SUM:
-        return (v, _OP_MIX, nd.inputs, sum_coefficients(nd.attrs["weights"]))
-    if nd.kind == CONCAT:
-        return (v, _OP_MIX, nd.inputs, concat_coefficients(nodes[i].width for i in nd.inputs))
-    return (v, _OP_PASS, nd.inputs[0], None)
+    return STEP_RULES[nd.kind](nodes, v, nd, fn_slot)
 
 
 def _shared_steps(nodes, members, start: int | None, report: StructureReport) -> dict[int, tuple]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...schemas.ops import ACT, AFFINE, ATTENTION, NORM, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, SOURCE, SUM
 from ..graph.build import NetworkGraph
 from ..maps.token_kernels import dense_token_kernel, layer_norm_token_kernel
 from ..network.program import WHOLE_NETWORK, NetworkProgram, Repeat
@@ -101,6 +101,68 @@ def max_token_correlation(kernel: np.ndarray) -> float:
     return float(c.max())
 
 
+def _atom(atoms: dict, v: int, value: TokenValue) -> Expansion:
+    atoms[v] = value
+    return {v: 1.0}
+
+
+def _source(prog, nd, streams, atoms, start, r) -> Expansion:
+    return _atom(atoms, nd.index, start)
+
+
+def _affine(prog, nd, streams, atoms, start, r) -> Expansion:
+    w, b = prog.dense.get(nd.index, (1.0, 0.0))
+    k = _value(streams[nd.inputs[0]], atoms).kernel
+    # a fresh zero-mean weight matrix: a new atom, independent of everything before it
+    return _atom(atoms, nd.index, TokenValue(k if w == 1.0 and b == 0.0 else dense_token_kernel(k, w, b)))
+
+
+def _act(prog, nd, streams, atoms, start, r) -> Expansion:
+    return _atom(atoms, nd.index, r(_value(streams[nd.inputs[0]], atoms), prog.slots[nd.index]))
+
+
+def _norm(prog, nd, streams, atoms, start, r) -> Expansion:
+    u = _value(streams[nd.inputs[0]], atoms)
+    return _atom(atoms, nd.index, TokenValue(layer_norm_token_kernel(u.kernel, u.mean)))
+
+
+def _attention(prog, nd, streams, atoms, start, r) -> Expansion:
+    a = prog.mixers[nd.index]
+    return {t: _mixed(a, c) for t, c in streams[nd.inputs[2]].items()}
+
+
+def _sum(prog, nd, streams, atoms, start, r) -> Expansion:
+    scale = prog.sum_scales.get(nd.index, 1.0)
+    e: Expansion = {}
+    for i, w in zip(nd.inputs, nd.attrs["weights"], strict=True):
+        for t, c in streams[i].items():
+            term = _scaled(c, scale * w)
+            e[t] = term if t not in e else _added(e[t], term)
+    return e
+
+
+def _pass(prog, nd, streams, atoms, start, r) -> Expansion:  # identity, dropout, output
+    return streams[nd.inputs[0]]
+
+
+def _concat(prog, nd, streams, atoms, start, r) -> Expansion:
+    raise ValueError(f"concat node {nd.user_id!r}: token streams are not concatenated (the shape rule refuses it)")
+
+
+# a node's token expansion by its op kind: (program, node, live streams, atoms, the input's value, the
+# activations' token map) -> its expansion over atoms (new atoms are written into ``atoms``)
+TOKEN_RULES = {
+    SOURCE: _source,
+    AFFINE: _affine,
+    ACT: _act,
+    NORM: _norm,
+    ATTENTION: _attention,
+    SUM: _sum,
+    PASS: _pass,
+    CONCAT: _concat,
+}
+
+
 class TokenKernelProgram(NetworkProgram):
     """The token-kernel program of a sequence graph (module docstring).
 
@@ -138,36 +200,9 @@ class TokenKernelProgram(NetworkProgram):
         streams: dict[int, Expansion] = {}
         start = x if isinstance(x, TokenValue) else TokenValue(np.asarray(x, dtype=float))
 
-        def atom(v: int, value: TokenValue) -> Expansion:
-            atoms[v] = value
-            return {v: 1.0}
-
         for nd in nodes:
-            ins, kind, v = nd.inputs, nd.kind, nd.index
-            if kind == SOURCE:
-                e = atom(v, start)
-            elif kind == AFFINE:
-                w, b = self.dense.get(v, (1.0, 0.0))
-                k = _value(streams[ins[0]], atoms).kernel
-                # a fresh zero-mean weight matrix: a new atom, independent of everything before it
-                e = atom(v, TokenValue(k if w == 1.0 and b == 0.0 else dense_token_kernel(k, w, b)))
-            elif kind == ACT:
-                e = atom(v, r(_value(streams[ins[0]], atoms), self.slots[v]))
-            elif kind == NORM:
-                u = _value(streams[ins[0]], atoms)
-                e = atom(v, TokenValue(layer_norm_token_kernel(u.kernel, u.mean)))
-            elif kind == ATTENTION:
-                a = self.mixers[v]
-                e = {t: _mixed(a, c) for t, c in streams[ins[2]].items()}
-            elif kind == SUM:
-                scale = self.sum_scales.get(v, 1.0)
-                e = {}
-                for i, w in zip(ins, nd.attrs["weights"], strict=True):
-                    for t, c in streams[i].items():
-                        term = _scaled(c, scale * w)
-                        e[t] = term if t not in e else _added(e[t], term)
-            else:  # identity, dropout, output
-                e = streams[ins[0]]
+            ins, v = nd.inputs, nd.index
+            e = TOKEN_RULES[nd.kind](self, nd, streams, atoms, start, r)
             streams[v] = e
             for t in e:
                 held[t] = held.get(t, 0) + 1
