@@ -1,5 +1,6 @@
 """Geometric initialization and GR scaling for ReLU-family networks (GR-scaling paper:
-"Scaling laws for the principled design, initialization, and preconditioning of ReLU networks").
+"Scaling laws for the principled design, initialization, and preconditioning of ReLU networks",
+arXiv:1906.04267).
 
 The paper balances the diagonal blocks of the Hessian at initialization. Its measure of a block is
 the GR scaling of a weighted layer, Proposition 3 and its convolutional form, equation 1:
@@ -26,7 +27,8 @@ non-central second moments are pushed forward from the input and backward from t
     dense   E[y^2] = n^in E[W^2] E[x^2]                 E[Dx^2] = n^out E[W^2] E[Dy^2]
     conv    E[y^2] = n^in k^2 E[W^2] E[x^2]             E[Dx^2] = n^out k^2 E[W^2] E[Dy^2] P_out / P_in
     act     both multiplied by the gain (1 + a^2) / 2   (equation 3)
-    sum     sum_i w_i^2 (.)_i, both ways
+    sum     sum_i w_i^2 (.)_i, both ways (uncorrelated inputs; where a stream reaches a sum through
+            several paths the answer's sum_scales make it so: ``geometric_atoms``)
     concat  forward: channel-weighted average; backward: each input gets the output's moment
     avg_pool (kernel K taps): forward / K, backward (P_out / P_in) / K   (entries independent and
             centred: the model under which Table 1 marks average pooling as scale preserving)
@@ -78,11 +80,13 @@ import math
 from dataclasses import dataclass, field
 
 from ...errors import SigpropError
+from ...schemas.atoms import AtomPass, atom_pass
 from ...schemas.kernels import concat_coefficients, sum_coefficients
-from ...schemas.ops import ACT, AFFINE, CONCAT, SOURCE, SUM
-from ..graph.build import NetworkGraph, pass_sources
+from ...schemas.ops import ACT, AFFINE, CONCAT, SOURCE, SUM, rule
+from ..graph.build import NetworkGraph, correlated_sum_warnings, pass_sources
 from ..maps.activations import Activation, get_activation
 from ..network.subnetworks import _dominators
+from . import geometric_atoms as shared
 
 # Appendix F: the logits are scaled to standard deviation 0.05 at initialization.
 OUTPUT_STD = 0.05
@@ -110,6 +114,9 @@ class GeometricSolution:
     gamma_ratio: float
     gamma_ratio_uncorrected: float
     warnings: list[str] = field(default_factory=list)
+    # sum node index -> factor on its weights where an atom reaches it through several paths
+    # (``geometric_atoms``): with it, the sum's second moment is the recursion's
+    sum_scales: dict[int, float] = field(default_factory=dict)
 
 
 def _resolve(activation: str | Activation) -> Activation:
@@ -136,14 +143,16 @@ def _positions(shape) -> int:
 
 
 def _rules(graph: NetworkGraph, gains: dict[int, float], w2: dict[int, float]):
-    """Per node and input slot: (forward, backward) multipliers of the per-element second moments."""
+    """Per node and input slot: (forward, backward) multipliers of the per-element second moments,
+    from each op's row (its kind, its window and what a pool takes of it)."""
     nodes = graph.nodes
     rules: list[list[tuple[float, float]]] = []
     for nd in nodes:
         ins = [nodes[i] for i in nd.inputs]
+        row = rule(nd.op)
         if nd.kind == AFFINE:
             x = ins[0]
-            taps = nd.attrs["kernel"][0] * nd.attrs["kernel"][1] if nd.op == "conv" else 1
+            taps = row.window(nd.attrs, x.shape)  # a conv's kernel taps, 1 for dense
             ratio = _positions(nd.shape) / _positions(x.shape)
             fwd = x.shape[0] * taps * w2[nd.index]
             bwd = nd.shape[0] * taps * w2[nd.index] * ratio
@@ -154,11 +163,11 @@ def _rules(graph: NetworkGraph, gains: dict[int, float], w2: dict[int, float]):
             rules.append([(f, f) for f in sum_coefficients(nd.attrs["weights"])])
         elif nd.kind == CONCAT:
             rules.append([(f, 1.0) for f in concat_coefficients(x.shape[0] for x in ins)])
-        elif nd.op in ("avg_pool", "global_avg_pool"):
+        elif row.pool == "mean":  # avg_pool: its kernel taps; global_avg_pool: every location
             pin, pout = _positions(ins[0].shape), _positions(nd.shape)
-            taps = pin if nd.op == "global_avg_pool" else nd.attrs["kernel"][0] * nd.attrs["kernel"][1]
+            taps = row.window(nd.attrs, ins[0].shape)
             rules.append([(1.0 / taps, pout / pin / taps)])
-        elif nd.op == "max_pool":
+        elif row.pool == "max":
             rules.append([(1.0, _positions(nd.shape) / _positions(ins[0].shape))])
         else:  # input, flatten, dropout (identity at initialization), identity, output
             rules.append([(1.0, 1.0)] * len(ins))
@@ -220,7 +229,7 @@ def _activation_gains(graph: NetworkGraph, act: Activation, gain: float, warning
 
 def _pooling_warnings(graph: NetworkGraph) -> list[str]:
     nodes, out = graph.nodes, []
-    pools = [nd.user_id for nd in nodes if nd.op == "max_pool"]
+    pools = [nd.user_id for nd in nodes if rule(nd.op).pool == "max"]
     if pools:
         out.append(
             f"max_pool breaks the GR scaling (Table 1): {', '.join(pools[:5])}; it is modelled as routing "
@@ -230,7 +239,7 @@ def _pooling_warnings(graph: NetworkGraph) -> list[str]:
     mean_pools = []
     source = pass_sources(nodes)
     for nd in nodes:
-        if nd.op in ("avg_pool", "global_avg_pool") and nodes[source[nd.inputs[0]]].kind == ACT:
+        if rule(nd.op).pool == "mean" and nodes[source[nd.inputs[0]]].kind == ACT:
             mean_pools.append(nd.user_id)
     if mean_pools:
         out.append(
@@ -242,14 +251,14 @@ def _pooling_warnings(graph: NetworkGraph) -> list[str]:
     return out
 
 
-def _gamma_ratios(graph: NetworkGraph, layers, rules, m, d) -> tuple[dict[int, float], dict[int, bool]]:
+def _gamma_ratios(graph: NetworkGraph, layers, segment, m, d) -> tuple[dict[int, float], dict[int, bool]]:
     """E[Delta y^2] / E[y^2] per layer, through the nearest output dominator at or after it (so a
     layer inside a residual branch is measured through its block), and whether it sits in a branch.
 
     The layers measured through one dominator z are those after the dominator before it; every
     path from such a layer to z stays between the two, so one reverse pass over that segment gives
-    the gains of all of them (``_segment_gains``): linear in nodes plus edges, where a pass per
-    layer was quadratic on a ladder whose blocks all end in sums with one early node."""
+    the gains of all of them (``segment(lo, z, ys)``, ``_segment_gains``): linear in nodes plus edges,
+    where a pass per layer was quadratic on a ladder whose blocks all end in sums with one early node."""
     cuts = _output_dominators(graph)
     by_cut: dict[int, list[int]] = {}
     at = 0
@@ -262,7 +271,7 @@ def _gamma_ratios(graph: NetworkGraph, layers, rules, m, d) -> tuple[dict[int, f
     for z, ys in by_cut.items():
         inner = [y for y in ys if y != z]
         if inner and m[z] != 0.0:
-            g_fwd, g_bwd = _segment_gains(graph, rules, inner[0], z)
+            g_fwd, g_bwd = segment(inner[0], z, inner)
         for y in ys:
             if z == y or m[z] == 0.0:
                 ratio[y] = d[y] / m[y] if m[y] > 0 else 0.0
@@ -314,6 +323,7 @@ def solve_geometric(
     *,
     input_second_moment: float | None = None,
     output_std: float = OUTPUT_STD,
+    atoms: AtomPass | None = None,
 ) -> GeometricSolution:
     """Geometric initialization (equation 7, Remark 6), conditioning multipliers (section 5,
     Appendix E, E.1), input and output scaling (sections 6.3, 6.4) and the GR scaling gamma_l of
@@ -321,7 +331,9 @@ def solve_geometric(
 
     ``activation`` names the request's activation (or is an :class:`Activation` built with its
     parameters, e.g. a Leaky ReLU slope); it fixes c = 1 / gain. ``input_second_moment`` defaults
-    to the recommended one, at which the returned gammas are evaluated.
+    to the recommended one, at which the returned gammas are evaluated. ``atoms``: the graph's
+    ``schemas.atoms`` pass, when the caller has it (computed here otherwise). Where an atom reaches a
+    sum through several paths the answer prescribes ``sum_scales`` (``geometric_atoms``).
     """
     act = _resolve(activation)
     gain = _homogeneous_gain(act, "the request")
@@ -342,8 +354,15 @@ def solve_geometric(
 
     rules = _rules(graph, gains, w2)
     m = _forward(graph, rules, {nd.index: 1.0 for nd in nodes if nd.kind == SOURCE})
-    d = _backward(graph, rules, graph.output, m[graph.output])  # A2: Delta y_out = y_out
-    ratio, in_branch = _gamma_ratios(graph, layers, rules, m, d)
+    comp = _shared_atoms(graph, rules, m, atoms)
+    if comp is None:
+        d = _backward(graph, rules, graph.output, m[graph.output])  # A2: Delta y_out = y_out
+        segment = lambda lo, z, ys: _segment_gains(graph, rules, lo, z)  # noqa: E731
+    else:  # the recursion's forward moments hold with comp.scales; gradients compose over atoms
+        d = shared.backward(graph, rules, comp, graph.output, m[graph.output])
+        segment = _shared_segment(graph, rules, comp)
+        warnings.append(_scales_note(graph, comp))
+    ratio, in_branch = _gamma_ratios(graph, layers, segment, m, d)
     raw = {}
     for nd in layers:
         n_in, _, taps, pos = info[nd.index]
@@ -367,7 +386,48 @@ def solve_geometric(
         gamma_ratio=_spread(result, "gamma"),
         gamma_ratio_uncorrected=_spread(result, "gamma_uncorrected"),
         warnings=warnings,
+        sum_scales=dict(comp.scales) if comp is not None else {},
     )
+
+
+def _shared_atoms(graph: NetworkGraph, rules, m, atoms: AtomPass | None) -> shared.Composition | None:
+    """The composition over atoms where some atom reaches a sum through several paths, else None
+    (the recursion is exact as it is). ``atoms``: the structure report's pass, when the caller has it."""
+    if atoms is None:
+        weights = [nd.attrs.get("weights") if nd.kind == SUM else None for nd in graph.nodes]
+        atoms = atom_pass([nd.op for nd in graph.nodes], [nd.inputs for nd in graph.nodes], weights)
+    if not atoms.shared:
+        return None
+    comp = shared.compose(graph, rules, m, atoms.private)
+    return comp if comp.merged else None
+
+
+def _shared_segment(graph: NetworkGraph, rules, comp: shared.Composition):
+    """Segment gains composed over atoms where the segment holds a sum an atom reached twice (only
+    there can a perturbation reach a node through two linear paths), the recursion's elsewhere."""
+
+    def segment(lo: int, z: int, ys):
+        if any(lo <= v <= z for v in comp.merged):
+            return shared.segment_gains(graph, rules, comp, lo, z, ys)
+        return _segment_gains(graph, rules, lo, z)
+
+    return segment
+
+
+def _scales_note(graph: NetworkGraph, comp: shared.Composition) -> str:
+    names = [graph.nodes[v].user_id for v in sorted(comp.merged)]
+    return (
+        f"{len(names)} sum(s) ({', '.join(names[:5])}) add the same stream through several paths: its "
+        "coefficients add before squaring, so the sum's second moment is not sum_i w_i^2 m_i; the answer's "
+        "sum_scales multiply those sums' weights so it is, and the gradients and gammas are those of the "
+        "rescaled network"
+    )
+
+
+def unscaled_sum_warnings(graph: NetworkGraph, sol: GeometricSolution) -> list[str]:
+    """The correlated-sum warnings (``correlated_sum_warnings``) of the sums ``sum_scales`` leaves alone."""
+    done = tuple(f"sum node '{graph.nodes[v].user_id}'" for v in sol.sum_scales)
+    return [n for n in correlated_sum_warnings(graph.nodes) if not (done and n.startswith(done))]
 
 
 def _layer_weights(nodes, layers, c: float) -> tuple[dict[int, float], dict[int, tuple[int, int, int, int]]]:
@@ -377,7 +437,7 @@ def _layer_weights(nodes, layers, c: float) -> tuple[dict[int, float], dict[int,
     info: dict[int, tuple[int, int, int, int]] = {}
     for nd in layers:
         n_in, n_out = nodes[nd.inputs[0]].shape[0], nd.shape[0]
-        taps = nd.attrs["kernel"][0] * nd.attrs["kernel"][1] if nd.op == "conv" else 1
+        taps = rule(nd.op).window(nd.attrs, nodes[nd.inputs[0]].shape)  # a conv's kernel taps, 1 for dense
         w2[nd.index] = c / (taps * math.sqrt(n_in * n_out))  # equation 7, Remark 6
         info[nd.index] = (n_in, n_out, taps, _positions(nd.shape))
     return w2, info
@@ -421,7 +481,7 @@ def _layer_row(nd, info: dict, w2: dict, alpha: dict, raw: dict, ratio: dict, in
         "op": nd.op,
         "fan_in": n_in,
         "fan_out": n_out,
-        "kernel": list(nd.attrs["kernel"]) if nd.op == "conv" else None,
+        "kernel": list(nd.attrs["kernel"]) if rule(nd.op).spatial else None,
         "weight_second_moment": w2[i],
         "alpha": a,
         "init_second_moment": w2[i] / (a * a),

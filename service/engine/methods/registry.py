@@ -31,7 +31,7 @@ from ...schemas.solve import (
 )
 from ...schemas.structure import StructureReport, dropout_notes, pooling_warnings, sum_scale_notes
 from ...version import ENGINE_VERSION
-from ..graph.build import NetworkGraph, correlated_sum_warnings
+from ..graph.build import NetworkGraph
 from ..maps.activations import Activation, get_activation
 from ..maps.qc_maps import (
     HermiteCMap,
@@ -443,7 +443,7 @@ def _geometric(m: MethodInput) -> Solution:
     """Geometric initialization and GR scaling (GR scaling paper, equations 1 and 7, Appendix E)."""
     request, graph = m.request, m.graph
     act = _single_activation(graph, request)
-    sol = geometric.solve_geometric(graph, act)
+    sol = geometric.solve_geometric(graph, act, atoms=m.report.atoms)
     layers = []
     for lay in sol.layers:
         var = lay["init_second_moment"]
@@ -472,8 +472,9 @@ def _geometric(m: MethodInput) -> Solution:
         gamma_ratio=sol.gamma_ratio,
         layers=layers,
         jacobian=jacobian.summary(graph, act),
-        # geometric words its own max_pool warning (Table 1)
-        warnings=list(graph.warnings) + correlated_sum_warnings(graph.nodes) + list(sol.warnings),
+        sum_scales={graph.nodes[v].user_id: float(s) for v, s in sorted(sol.sum_scales.items())} or None,
+        # geometric words its own max_pool warning (Table 1), and the correlated sums it did not rescale
+        warnings=list(graph.warnings) + geometric.unscaled_sum_warnings(graph, sol) + list(sol.warnings),
     )
 
 
