@@ -288,7 +288,7 @@ _ROWS = (
         stochastic=True,
     ),
     OpRule("identity", PASS, shown=False, summary="the identity", homogeneous=True),
-    OpRule("output", PASS, color="#c92a2a", summary="the network output", homogeneous=True, sink=True),
+    OpRule("output", PASS, color="#c92a2a", summary="the network output", sink=True),
     OpRule(
         "attention",
         ATTENTION,

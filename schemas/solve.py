@@ -301,6 +301,12 @@ class CMapSample(BaseModel):
     global_: list[float] = Field(alias="global")
     local: list[float]
     untransformed: list[float] | None = None
+    activation: list[float] | None = Field(
+        default=None,
+        description="eoc, sparse_eoc: the activation's own C map at q*, E[phi(u) phi(v)] / E[phi(u)^2] for u, v of "
+        "variance q* and correlation c (``local`` composes it with the weighted layer reading it): what the network "
+        "does at an activation node",
+    )
     scope: Literal["example", "location"] | None = Field(
         default=None,
         description="example: the map of two whole inputs (dense networks); location: the map of two inputs at one "

@@ -260,17 +260,8 @@ def _eoc(m: MethodInput) -> Solution:
         a.name: ActivationParams(sigma_w2=s.sigma_w2, sigma_b2=s.sigma_b2, chi_1=s.chi_1)
         for a, s in zip(acts, sols, strict=True)
     }
-    head = (
-        {}
-        if top is None
-        else dict(
-            sigma_w2=sols[top].sigma_w2,
-            sigma_b2=sols[top].sigma_b2,
-            chi_1=sols[top].chi_1,
-            v_slope=sols[top].v_slope,
-            v_curvature=sols[top].v_curvature,
-        )
-    )
+    keys = ("sigma_w2", "sigma_b2", "chi_1", "v_slope", "v_curvature")
+    head = {} if top is None else {k: getattr(sols[top], k) for k in keys}
     for k in sorted(plan.no_bias):
         notes.append(
             f"a layer without bias reads '{acts[k].name}': Edge of Chaos needs sigma_b^2 = {sols[k].sigma_b2:.4g} "
@@ -292,11 +283,18 @@ def _eoc(m: MethodInput) -> Solution:
         fixed_points=None if fps is None else [FixedPoint(q=q, stable=st) for q, st in fps],
         activations=per if len(acts) > 1 else None,
         jacobian=jacobian.summary(graph, acts[shown]) if len(acts) == 1 else None,
-        c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=maps[shown](grid).tolist()),
+        c_map=_eoc_c_map(grid, global_at, maps[shown], tables[shown]),
         network_c_f_0=float(global_at[-1]),
         layers=_eoc_layers(m, plan),
         warnings=_warnings_for(graph, m.report) + notes + sum((_c_map_accuracy(t) for t in tables), []),
     )
+
+
+def _eoc_c_map(grid: np.ndarray, global_at: np.ndarray, local, phi_map) -> CMapSample:
+    """eoc's and sparse_eoc's C maps: ``local`` the activation with the layer reading it, ``activation``
+    phi's own at q* (what a network does at an activation node: ``diagnose`` predicts with it)."""
+    sample = dict(c=grid.tolist(), global_=global_at[:-1].tolist(), local=local(grid).tolist())
+    return CMapSample(**sample, activation=np.asarray(phi_map(grid)).tolist())
 
 
 def _eoc_layers(m: MethodInput, plan: eoc_network.NetworkPlan) -> list[LayerInit]:
@@ -432,7 +430,7 @@ def _sparse_eoc(m: MethodInput) -> Solution:
             q=qs_grid.tolist(),
             v=np.asarray(sparse_eoc.variance_map(request.activation, qs_grid, sol.tau, sol.m, sw2, sb2)).tolist(),
         ),
-        c_map=CMapSample(c=grid.tolist(), global_=global_at[:-1].tolist(), local=maps[0](grid).tolist()),
+        c_map=_eoc_c_map(grid, global_at, maps[0], table),
         network_c_f_0=float(global_at[-1]),
         layers=_eoc_layers(m, plan),
         warnings=_warnings_for(graph, m.report) + list(sol.warnings) + notes + _c_map_accuracy(table),
