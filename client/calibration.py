@@ -39,15 +39,21 @@ from dataclasses import dataclass, field
 
 from ..schemas.graph import Graph
 from ..schemas.kernels import concat_coefficients, sum_coefficients
+from ..schemas.ops import ACT, AFFINE, CONCAT, OP_TABLE, PASS, SOURCE, SUM, canonical_attrs
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 
 __all__ = ["Calibration", "Placement", "measured_nodes", "answer_uncovered", "placement", "calibrate"]
 
-_LAYERS = ("dense", "conv")
-_PASS = ("identity", "flatten", "dropout")  # linear, one input: a factor passes through unchanged
-_HOMOGENEOUS = _PASS + ("max_pool", "avg_pool", "global_avg_pool")  # f(a y) = a f(y) for a > 0
-_NEVER = ("input", "output") + _LAYERS  # the layers are where factors go, not what is measured
+# The op table's rows say what each op is to calibration (``sigprop.schemas.ops``):
+# layers (kind affine) are where factors go, not what is measured, and neither are the input and output;
+# a factor passes unchanged through the ops that change nothing (kind pass, not shown: identity,
+# flatten, dropout) and through a homogeneous op (f(a y) = a f(y) for a > 0: those and the pools).
+_LAYERS = frozenset(op for op, row in OP_TABLE.items() if row.kind == AFFINE)
+_PASS = frozenset(op for op, row in OP_TABLE.items() if row.kind == PASS and not row.shown)
+_HOMOGENEOUS = frozenset(op for op, row in OP_TABLE.items() if row.homogeneous)
+_NEVER = _LAYERS | {op for op, row in OP_TABLE.items() if row.kind == SOURCE or row.sink}
+_POOLING = {"max": "max pooling", "mean": "average pooling"}  # a row's ``pool``, for the reason given
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,12 @@ def answer_uncovered(sol: Solution) -> list[str]:
     return list(sol.assumptions.violations) if sol.assumptions is not None else []
 
 
-def _window(nd: Mapping) -> int:
-    k = nd.get("kernel", 2)
-    return math.prod(k) if isinstance(k, list) else int(k) ** 2
+def _pooled(wire, in_shape) -> str:
+    """Why a pool is measured (its row's ``pool`` over more than one location: ``window``), else ""."""
+    row = OP_TABLE[wire.op]
+    if not row.pool or row.window(canonical_attrs(wire, len(wire.inputs)), tuple(in_shape)) <= 1:
+        return ""
+    return ("global " if row.to_features else "") + _POOLING.get(row.pool, f"{row.pool} pooling")
 
 
 def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, str]:
@@ -112,29 +121,27 @@ def measured_nodes(graph: Mapping, uncovered: Iterable[str] = ()) -> dict[str, s
     nodes' outputs with no dense/conv in between (a max-pooled map is not Gaussian: its mean is
     positive, so the activation's Q map does not apply). Never dense/conv, input or output nodes."""
     named = set(uncovered)
-    shapes = infer_shapes(Graph.model_validate(dict(graph)))
+    wire = Graph.model_validate(dict(graph))
+    shapes = infer_shapes(wire)
     out: dict[str, str] = {}
     origin: dict[str, str] = {}  # value -> the measured node it carries, with no layer in between
-    for nd in graph["nodes"]:
-        op, nid = nd["op"], nd["id"]
+    for nd, wnd in zip(graph["nodes"], wire.nodes, strict=True):
+        op, nid, row = nd["op"], nd["id"], OP_TABLE[nd["op"]]
         if op in _NEVER:
             continue
         carried = next((origin[i] for i in nd.get("inputs", []) if i in origin), None)
         # pooling first: the answer names a pool over several locations among its violations too
         # (its locations are not known to be identical), and the op's own reason says more
-        if op == "max_pool" and _window(nd) > 1:
-            out[nid] = "max pooling"
-        elif op == "avg_pool" and _window(nd) > 1:
-            out[nid] = "average pooling"
-        elif op == "global_avg_pool" and math.prod(shapes.get(nd["inputs"][0], [1])[1:]) > 1:
-            out[nid] = "global average pooling"
+        pooled = _pooled(wnd, shapes.get(nd["inputs"][0], [1])) if row.pool else ""
+        if pooled:
+            out[nid] = pooled
         elif nid in named:
             out[nid] = f"{op} outside the answer's predictions"
-        elif op == "activation" and carried is not None:
+        elif row.kind == ACT and carried is not None:
             out[nid] = f"activation of a non-Gaussian input (from '{carried}')"
-        if op != "activation" and carried is not None:
+        if row.kind != ACT and carried is not None:
             origin[nid] = carried
-        elif op != "activation" and op not in ("avg_pool", "global_avg_pool") and nid in out:
+        elif row.kind != ACT and row.pool != "mean" and nid in out:
             origin[nid] = nid  # averages of Gaussian maps stay Gaussian; the others do not
     return out
 
@@ -174,11 +181,12 @@ def placement(graph: Mapping, nid: str) -> Placement:
 
 
 def _answer_q(graph: Mapping, sol: Solution, unmodelled: Iterable[str]) -> dict[str, float]:
-    """The q the answer predicts at each node for inputs at its q (tat and dks answers: the maps
-    composed along the graph, ``sigprop.client.diagnosis.predict``); {} for other methods."""
-    from .diagnosis import predict  # late: diagnosis is the heavier module, and only tat/dks need it
+    """The q the answer predicts at each node for inputs at q = 1 (tat, dks, eoc and sparse_eoc
+    answers: the maps composed along the graph, ``sigprop.client.prediction.predict``); {} for other
+    methods."""
+    from .prediction import PREDICTED_METHODS, predict  # late: only answers with maps need it
 
-    if sol.method not in ("tat", "dks") or sol.c_map is None:
+    if sol.method not in PREDICTED_METHODS or sol.c_map is None:
         return {}
     preds = predict(dict(graph), sol, 0.5, same_locations=True, unmodelled=unmodelled)
     return {nid: p.q for nid, p in preds.items() if p.q is not None}
@@ -187,12 +195,16 @@ def _answer_q(graph: Mapping, sol: Solution, unmodelled: Iterable[str]) -> dict[
 def _target(nd: Mapping, q_ins: list[float], sol: Solution, widths: list[int]) -> float:
     """The q the answer's maps give at ``nd`` from its measured input q's (where the answer
     predicts no q at ``nd`` itself)."""
-    if nd["op"] == "activation":
-        return sol.q_1 if sol.q_1 is not None else 1.0
-    if nd["op"] == "sum":
+    from .prediction import activation_q
+
+    kind = OP_TABLE[nd["op"]].kind
+    if kind == ACT:
+        q_out = activation_q(sol, nd.get("fn"))[1]
+        return q_out if q_out is not None else 1.0
+    if kind == SUM:
         weights = nd.get("weights") or [len(q_ins) ** -0.5] * len(q_ins)
         return sum(f * q for f, q in zip(sum_coefficients(weights), q_ins, strict=True))
-    if nd["op"] == "concat":
+    if kind == CONCAT:
         return sum(f * q for f, q in zip(concat_coefficients(widths), q_ins, strict=True))
     return q_ins[0]
 

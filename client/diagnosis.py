@@ -6,24 +6,14 @@ two inputs at a known cosine ``input_c`` and compares, node by node, the empiric
 * q: the mean squared activation (per example, per location for feature maps), and
 * c: the cosine similarity of the two inputs' features (per location for feature maps),
 
-with what the answer predicts. The answer carries the transformed activation's local C map sampled
-on [-1, 1] (``c_map.local``), its Q(1) (``q_1``), every layer's initialization (``layers``) and the
-network's global C map (``c_map.global``); :func:`predict` composes them along the graph:
-
-* dense/conv: q -> s q + b and c -> (s q c + b) / (s q + b), with s = ``weight_variance * fan_in``
-  (sigma_w^2) and b = ``bias_variance`` of the answer's layer;
-* activation: c -> the local C map at c (linear interpolation between the answer's samples), q ->
-  Q(1) = ``q_1``; both hold only for inputs at q = 1, the point TAT and DKS solve at;
-* sum with weights w: q -> sum w_i^2 q_i, c -> sum w_i^2 q_i c_i / q (the branches' cross terms
-  vanish: each branch ends in an independent zero-mean weight matrix);
-* concat: the same with the widths as weights; pooling, flatten, dropout, identity: unchanged.
-
-This is exactly what the engine computes for the global C map (TAT paper, section 2.3), so at the
-output the composition equals ``c_map.global`` at ``input_c`` up to the interpolation between
-samples (``Diagnosis.c_global`` holds the answer's own value). Average and max pooling are the
-identity on the maps only when the pooled locations see the same input: nodes after a pool are
-marked unless the inputs were built with identical locations. The predictions are for the pair's
-measured cosine (``Diagnosis.pair_c``; a one-channel pair flips a whole number of locations).
+with what the answer predicts at every node (``sigprop.client.prediction.predict``: the answer's
+layers and C maps composed along the graph, one handler per kind of the op table; tat and dks at
+q = 1, eoc and sparse_eoc at q*). At the output the composition equals ``c_map.global`` at
+``input_c`` up to the interpolation between samples (``Diagnosis.c_global`` holds the answer's own
+value). Average and max pooling are the identity on the maps only when the pooled locations see
+the same input: nodes after a pool are marked unless the inputs were built with identical
+locations. The predictions are for the pair's measured cosine (``Diagnosis.pair_c``; a one-channel
+pair flips a whole number of locations).
 
 Every row states the noise of its measurement, the standard deviation expected over networks at
 the graph's widths and initializations (:func:`stated_noise`: finite-width theory,
@@ -35,18 +25,15 @@ module is framework-free; the adapters only measure.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from ..schemas.graph import OPS, Graph
-from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ..schemas.shapes import infer_shapes
+from ..schemas.ops import ACT, AFFINE, OP_TABLE, SOURCE, SUM
 from ..schemas.solve import Solution
-from ..schemas.structure import wire_structure
 from .finite_width import propagate
+from .prediction import Prediction, check_solution, interpolate, predict
 from .sampling_noise import pair_noise, pair_representatives
 
 __all__ = [
@@ -65,18 +52,8 @@ __all__ = [
     "SHOWN_OPS",
 ]
 
-# the rows shown: flatten, dropout and identity nodes would repeat their input's row
-SHOWN_OPS = tuple(op for op in OPS if op not in ("flatten", "dropout", "identity"))
-_POOLS = ("avg_pool", "global_avg_pool", "max_pool")
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The answer's q and c at one node (None where the answer predicts nothing there)."""
-
-    q: float | None
-    c: float | None
-    note: str = ""
+# the rows shown (the op table's ``shown``): flatten, dropout and identity nodes would repeat their input's row
+SHOWN_OPS = tuple(op for op, row in OP_TABLE.items() if row.shown)
 
 
 @dataclass(frozen=True)
@@ -195,161 +172,6 @@ class Diagnosis:
         return "verdict: FAIL: " + "; ".join(named + rest)
 
 
-def check_solution(sol: Solution) -> None:
-    """ValueError unless the answer carries the maps ``diagnose`` compares with."""
-    if sol.method not in ("tat", "dks"):
-        raise ValueError(
-            f"diagnose compares with the q = 1 predictions of tat and dks answers, not {sol.method!r} "
-            "(eoc, sparse_eoc and geometric answers sit at other q values, which the answer does not sample)"
-        )
-    if sol.c_map is None:
-        raise ValueError("the answer carries no c_map to compare with")
-
-
-def interpolate(x: float, xs: list[float], ys: list[float]) -> float:
-    """Piecewise-linear interpolation of the samples (xs increasing), clamped to their range."""
-    if x <= xs[0]:
-        return ys[0]
-    if x >= xs[-1]:
-        return ys[-1]
-    k = bisect.bisect_right(xs, x)
-    t = (x - xs[k - 1]) / (xs[k] - xs[k - 1])
-    return ys[k - 1] + t * (ys[k] - ys[k - 1])
-
-
-def _mix(parts: list[tuple[float, Prediction]]) -> Prediction:
-    """A sum or concatenation: weights^2 (or widths) times q, c weighted by q."""
-    if any(p.q is None or p.c is None for _, p in parts):
-        return Prediction(None, None, next((p.note for _, p in parts if p.note), ""))
-    q = sum(w * p.q for w, p in parts)
-    c = sum(w * p.q * p.c for w, p in parts) / q if q > 0 else None
-    return Prediction(q, c, next((p.note for _, p in parts if p.note), ""))
-
-
-class _Predictor:
-    """Walks the graph once, in the order its nodes are listed (inputs before the nodes reading them)."""
-
-    def __init__(self, graph: dict, sol: Solution, unmodelled: set[str]):
-        self.sol, self.unmodelled = sol, unmodelled
-        self.layers = {layer.id: layer for layer in sol.layers}
-        self.shapes = infer_shapes(Graph.model_validate(graph))
-        self.mixed = bool(sol.activations) and len(sol.activations) > 1
-        self.q_act = sol.q_1 if sol.q_1 is not None else 1.0
-        # sums an atom reaches through several paths mix over atoms, not inputs (schemas.atoms)
-        self.shared = _shared_sums(graph) if sol.sum_scales else {}
-        self.comps: dict[str, list[Prediction]] = {}  # node id -> its prediction per pair component
-
-    def node(self, nd: dict, ins: list[Prediction], k: int = 0) -> Prediction:
-        """Node ``nd``'s prediction from its inputs' (component ``k`` of a one-channel pair)."""
-        op, nid = nd["op"], nd["id"]
-        if nid in self.unmodelled:
-            return Prediction(None, None, "op outside the graph (treated as the identity)")
-        if op in ("dense", "conv"):
-            return self.affine(nid, ins[0])
-        if op == "activation":
-            return self.activation(ins[0])
-        if op == "sum" and nid in self.shared:
-            mix = self.shared[nid]
-            return _mix(list(zip(atom_coefficients(mix.values()), [self.component(a, k) for a in mix], strict=True)))
-        if op == "sum":
-            weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
-            return _mix(list(zip(sum_coefficients(weights), ins, strict=True)))
-        if op == "concat":
-            widths = concat_coefficients(self.shapes[i][0] for i in nd["inputs"])
-            return _mix(list(zip(widths, ins, strict=True)))
-        return ins[0]
-
-    def component(self, nid: str, k: int) -> Prediction:
-        comp = self.comps[nid]
-        return comp[k] if len(comp) > 1 else comp[0]
-
-    def affine(self, nid: str, p: Prediction) -> Prediction:
-        layer = self.layers.get(nid)
-        if layer is None or p.q is None:
-            return Prediction(None, None, p.note or "a layer the answer does not list")
-        s, b = layer.weight_variance * layer.fan_in, layer.bias_variance
-        q = s * p.q + b
-        c = (s * p.q * p.c + b) / q if p.c is not None and q > 0 else None
-        return Prediction(q, c, p.note)
-
-    def activation(self, p: Prediction) -> Prediction:
-        if p.q is None or abs(p.q - 1.0) > 1e-6:
-            # the local maps are the answer's at q = 1; elsewhere it predicts nothing
-            return Prediction(None, None, p.note or "input q is not 1")
-        if self.mixed:
-            return Prediction(self.q_act, None, "several functions: per-node C maps not in the answer")
-        cm = self.sol.c_map
-        return Prediction(self.q_act, interpolate(p.c, cm.c, cm.local) if p.c is not None else None, p.note)
-
-
-def _shared_sums(graph: dict) -> dict[str, dict[str, float]]:
-    """Sum id -> {atom id: coefficient, with the answer's sum scales} for the sums of shared atoms."""
-    ids, report = wire_structure(Graph.model_validate(graph))
-    return {ids[v]: {ids[a]: c for a, c in report.atoms.mixes[v].items()} for v in report.shared_sums}
-
-
-def predict(
-    graph: dict, sol: Solution, input_c: float, *, same_locations: bool, unmodelled=(), one_channel: bool = False
-) -> dict:
-    """Graph id -> :class:`Prediction` of every node, for inputs at q = 1 and cosine ``input_c``.
-
-    ``unmodelled``: ids of nodes that stand for ops the graph cannot express (an adapter treated
-    them as the identity): they and what follows them get no prediction.
-
-    ``one_channel``: the input is a one-channel map built as the adapters' ``input_pair`` builds
-    it (+-1 at every location, a share ``(1 - input_c) / 2`` of the locations flipped). An
-    Orthogonal Delta conv reads one location, so up to the first flatten or global pool every
-    location carries a pair at cosine +1 or -1, not ``input_c``: each node's c is the mixture
-    ``(1 + input_c) / 2 * c(+1) + (1 - input_c) / 2 * c(-1)`` of the two compositions, the mean
-    over locations that ``diagnose`` measures; where the map turns into features (flatten, global
-    pool) the mixture becomes one pair again, exactly as the flattened vectors' cosine is the mean of
-    the locations' (all at q = 1). Other conv kernels mix locations: no prediction after them."""
-    check_solution(sol)
-    walker = _Predictor(graph, sol, set(unmodelled))
-    parts = [(1.0, float(input_c))]
-    if one_channel:
-        parts = [((1.0 + input_c) / 2.0, 1.0), ((1.0 - input_c) / 2.0, -1.0)]
-    comps = walker.comps
-    out: dict[str, Prediction] = {}
-    for nd in graph["nodes"]:
-        nid, op = nd["id"], nd["op"]
-        if op == "input":
-            comps[nid] = [Prediction(1.0, c) for _, c in parts]
-        else:
-            ins = [comps[i] for i in nd.get("inputs", [])]
-            width = max(len(c) for c in ins)
-            if width > 1 and len(walker.shapes[nid]) == 1:  # a map turns into features: one pair again
-                merged = _mix([(w, p) for w, p in zip([w for w, _ in parts], ins[0], strict=True)])
-                comps[nid] = [merged]
-            else:
-                comps[nid] = [
-                    _spatial(walker, nd, [c[k] if len(c) > 1 else c[0] for c in ins], width > 1, k)
-                    for k in range(width)
-                ]
-        pred = comps[nid][0] if len(comps[nid]) == 1 else _mean_c(parts, comps[nid])
-        if op in _POOLS and not same_locations and not pred.note:
-            note = "after pooling: exact only for locations that see the same input"
-            pred = Prediction(pred.q, pred.c, note)
-            comps[nid] = [Prediction(p.q, p.c, note) for p in comps[nid]]
-        out[nid] = pred
-    return out
-
-
-def _spatial(walker: _Predictor, nd: dict, ins: list[Prediction], per_location: bool, k: int = 0) -> Prediction:
-    if per_location and nd["op"] == "conv":
-        layer = walker.layers.get(nd["id"])
-        if layer is not None and layer.distribution != "orthogonal_delta":
-            return Prediction(None, None, "a one-channel input read by a conv that mixes locations: not predicted")
-    return walker.node(nd, ins, k)
-
-
-def _mean_c(parts: list[tuple[float, float]], preds: list[Prediction]) -> Prediction:
-    """The mean over locations of a one-channel pair's components (q is the same in each)."""
-    if any(p.q is None or p.c is None for p in preds):
-        return Prediction(None, None, next((p.note for p in preds if p.note), ""))
-    return Prediction(preds[0].q, sum(w * p.c for (w, _), p in zip(parts, preds, strict=True)), preds[0].note)
-
-
 def pair_c(c: float) -> float:
     """``input_c`` checked: a cosine strictly inside (-1, 1)."""
     if not (-1.0 < float(c) < 1.0):
@@ -376,15 +198,19 @@ def _flattens_first(graph: dict) -> bool:
     for nd in graph["nodes"]:
         for i in nd.get("inputs", []):
             readers.setdefault(i, []).append(nd)
-    frontier = [nd["id"] for nd in graph["nodes"] if nd["op"] == "input"]
+    frontier = [nd["id"] for nd in graph["nodes"] if _row(nd).kind == SOURCE]
     while frontier:
         nexts = [r for i in frontier for r in readers.get(i, [])]
-        if not nexts or any(r["op"] not in ("flatten", "identity", "dropout") for r in nexts):
+        if not nexts or any(_row(r).shown for r in nexts):  # a node that changes something reads it first
             return False
-        if all(r["op"] == "flatten" for r in nexts):
+        if all(_row(r).to_features for r in nexts):
             return True
-        frontier = [r["id"] for r in nexts if r["op"] != "flatten"]
+        frontier = [r["id"] for r in nexts if not _row(r).to_features]
     return False
+
+
+def _row(nd: dict):
+    return OP_TABLE[nd["op"]]
 
 
 def stated_noise(graph: dict, sol: Solution, x1, x2, phi) -> dict[str, tuple[float | None, float | None]]:
@@ -405,7 +231,7 @@ def stated_noise(graph: dict, sol: Solution, x1, x2, phi) -> dict[str, tuple[flo
     for gid, (sd_q, sd_c) in propagate(graph, sol, rep.kernel, rep.shape, phi, reduce).items():
         out[gid] = (None if math.isnan(sd_q) else sd_q, None if math.isnan(sd_c) else sd_c)
     for nd in graph["nodes"]:
-        if nd["op"] == "input":
+        if _row(nd).kind == SOURCE:
             out[nd["id"]] = (0.0, 0.0)
     return out
 
@@ -433,17 +259,18 @@ def _cause(row: LayerDiagnosis, suspect: str) -> str:
     """What most likely makes ``row`` (the first node off, whose inputs are on) wrong."""
     if suspect:
         return suspect
-    if row.op == "activation":
+    kind = OP_TABLE[row.op].kind if row.op in OP_TABLE else None
+    if kind == ACT:
         return (
             "its input matches the prediction and its output does not: the activation there is not the answer's "
             "transformed activation (swap it in: apply() does, or use transformed_activation in the model's code)"
         )
-    if row.op in ("dense", "conv"):
+    if kind == AFFINE:
         return (
             "its input matches the prediction and its output does not: the layer does not have the answer's "
             "initialization (apply the answer to this model, and do not re-initialize it afterwards)"
         )
-    if row.op == "sum":
+    if kind == SUM:
         return "its inputs match the prediction and it does not: the add is not the answer's normalized sum"
     return "its input matches the prediction and it does not: an op the graph does not see acts here"
 

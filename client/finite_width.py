@@ -49,6 +49,7 @@ import numpy as np
 from ..schemas.attention_init import expand_attention
 from ..schemas.graph import Graph
 from ..schemas.kernels import concat_coefficients
+from ..schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, SOURCE, SUM
 from ..schemas.shapes import infer_shapes
 
 __all__ = ["propagate", "PROBES"]
@@ -58,7 +59,6 @@ _QUAD = 16  # Gauss-Hermite nodes per axis of the 2-D expectations (a noise, nee
 _STEP = 1e-3  # of phi's table: linear interpolation is exact to ~1e-7 relative for smooth phi
 _REACH = 12.0  # the table's half-width in standard deviations (nodes beyond weigh under 1e-30)
 _ORTHOGONAL = ("scaled_uniform_orthogonal", "orthogonal_delta")
-_MAP_TO_FEATURES = ("flatten", "global_avg_pool")
 
 Phi = Callable[[np.ndarray], np.ndarray]
 
@@ -261,23 +261,32 @@ def _source(qa: dict | None, sources: list, cov: np.ndarray) -> dict | None:
 def _dense(st: _State, s: float, b: float, nu: float, n: int, fan: int, rng, sources: list) -> _State:
     """Wishart noise nu (K_ac K_bd + K_ad K_bc) / n; an orthogonal projection (``fan`` = n_in > 0)
     also fixes its trace, which takes (2 / n_in) K_ab K_cd off (the fourth moments of a Haar
-    projection; it matters once the inputs measured span a good part of the n_in dimensions)."""
+    projection; it matters once the inputs measured span a good part of the n_in dimensions).
+    A Gaussian bias of variance ``b`` is in the Wishart noise of Gaussian weights (each unit is
+    N(0, s K + b)); next to an orthogonal matrix (``fan`` > 0) it adds its own, per unit
+    b_i (u_a + u_b) + b_i^2 - b with u ~ N(0, s K) the matrix's part (eoc's layers after an activation)."""
     k = s * st.kernel + b
+    kw = s * st.kernel if fan else k  # what the weights' noise is of: with orthogonal weights, not the bias
     dk = s * st.dk
     e = st.entries
     qa = _scaled(st.qa, np.full(len(k), s))
     if nu > 0 and n > 0:
-        h, z = _units(k, dk.shape[0], rng, with_z=True)
-        noise = h[:, e.a] * h[:, e.b] - k[e.a, e.b]
+        h, z = _units(kw, dk.shape[0], rng, with_z=True)
+        noise = h[:, e.a] * h[:, e.b] - kw[e.a, e.b]
         rank = z.shape[1]
         if fan and rank:
             # minus lam (|z|^2 - rank) K: Cov(W, |z|^2) = 2 K and Var |z|^2 = 2 rank, so the covariance
             # loses (4 lam - 2 rank lam^2) K K = (2 / fan) K K at this root of rank lam^2 - 2 lam + 1 / fan
             lam = (1.0 - math.sqrt(max(0.0, 1.0 - rank / fan))) / rank
-            noise = noise - lam * (np.sum(z * z, axis=1) - rank)[:, None] * k[e.a, e.b]
+            noise = noise - lam * (np.sum(z * z, axis=1) - rank)[:, None] * kw[e.a, e.b]
         dk = dk + math.sqrt(nu / n) * noise
-        d = np.diag(k)
-        qa = _source(qa, sources, nu / n * (2 * k * k - (2.0 / fan if fan else 0.0) * np.outer(d, d)))
+        d = np.diag(kw)
+        qa = _source(qa, sources, nu / n * (2 * kw * kw - (2.0 / fan if fan else 0.0) * np.outer(d, d)))
+    if fan and b > 0 and n > 0:
+        u = _units(kw, dk.shape[0], rng)
+        bias = math.sqrt(b) * rng.standard_normal((dk.shape[0], 1))
+        dk = dk + (bias * (u[:, e.a] + u[:, e.b]) + bias * bias - b) / math.sqrt(n)
+        qa = _source(qa, sources, (4 * b * kw + 2 * b * b) / n)
     return _State(k, np.zeros_like(st.mean), dk, np.zeros_like(st.dm), st.shape, qa, e)
 
 
@@ -320,14 +329,17 @@ def _concat(states: list[_State], coef) -> _State:
     return _State(mix("kernel"), mix("mean"), mix("dk"), mix("dm"), states[0].shape, qa, states[0].entries)
 
 
-def _layer_norm(st: _State) -> _State:
-    """Per token (input): centre its features and divide by their measured spread, linearized."""
-    m, k, e = st.mean, st.kernel, st.entries
+def _layer_norm(st: _State, centres: bool = True) -> _State:
+    """Per token (input): centre its features (a row's ``centres``: layer_norm, not rms_norm) and
+    divide by their measured spread, linearized."""
+    k, e = st.kernel, st.entries
+    m = st.mean if centres else np.zeros_like(st.mean)
+    dm = st.dm if centres else np.zeros_like(st.dm)
     var = np.clip(np.diag(k) - m * m, 1e-300, None)
     root = np.sqrt(var)
     out = (k - np.outer(m, m)) / np.outer(root, root)
-    dv = st.dk[:, e.diag] - 2 * m * st.dm
-    centred = st.dk - st.dm[:, e.a] * m[e.b] - m[e.a] * st.dm[:, e.b]
+    dv = st.dk[:, e.diag] - 2 * m * dm
+    centred = st.dk - dm[:, e.a] * m[e.b] - m[e.a] * dm[:, e.b]
     scaled = centred / (root[e.a] * root[e.b])
     dk = scaled - 0.5 * out[e.a, e.b] * (dv[:, e.a] / var[e.a] + dv[:, e.b] / var[e.b])
     return _State(out, np.zeros_like(m), dk, np.zeros_like(st.dm), st.shape, None, e)
@@ -342,7 +354,7 @@ def _attention(st: _State, a: np.ndarray) -> _State:
     return _State(big @ st.kernel @ big.T, big @ st.mean, dk, st.dm @ big.T, st.shape, None, e)
 
 
-def _to_features(st: _State, op: str) -> _State:
+def _to_features(st: _State, pooled: bool) -> _State:
     """A map's locations averaged into per-example features (the representatives sample k_l of
     them): a flatten's inner product is the mean over locations of each location's own products.
     A global average pool's mixes every pair of locations, whose fluctuations the few sampled
@@ -356,7 +368,7 @@ def _to_features(st: _State, op: str) -> _State:
         for h in range(2):
             avg[2 * e + h, idx[e, :, h]] = 1.0 / k_l
     new = Entries.of(2 * k_e, pairs=True)
-    if op == "global_avg_pool":
+    if pooled:  # a global pool (the row's ``pool``), not a flatten
         dk = np.full((st.dk.shape[0], len(new.a)), np.nan)
         return _State(avg @ st.kernel @ avg.T, avg @ st.mean, dk, st.dm @ avg.T, (k_e, 1, 2), None, new)
     pick = np.zeros((2 * k_e, 2 * k_e, m, m))  # flatten: K(e h, e' h') = mean_l K(e l h, e' l h')
@@ -415,37 +427,52 @@ def propagate(
         return st.kernel.shape[0]
 
     tables: dict[int, _Table] = {}
+
+    def source(nd, ins):
+        e = Entries.of(m, pairs=not sequence)
+        zeros = np.zeros((probes, len(e.a))), np.zeros((probes, m))
+        return _State(np.array(kernel, np.float64), np.zeros(m), *zeros, tuple(shape), {}, e)
+
+    def affine(nd, ins):
+        return _dense(states[ins[0]], *_affine(layers.get(nd["id"]), shapes, nd, ins[0], sequence), rng, sources)
+
+    def activation(nd, ins):
+        f = _phi_of(phi, nd["id"])
+        src = states[ins[0]]
+        scale = math.sqrt(max(float(np.max(np.diag(src.kernel), initial=0.0)), 0.0))
+        width = _width(shapes[nd["id"]], sequence)
+        return src if f is None else _activation(src, _table(f, tables, scale), width, rng, sources)
+
+    def add(nd, ins):
+        weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
+        return _sum([states[i] for i in ins], list(weights), _width(shapes[nd["id"]], sequence), rng, sources)
+
+    def concat(nd, ins):
+        return _concat([states[i] for i in ins], concat_coefficients(_width(shapes[i], sequence) for i in ins))
+
+    def mixing(nd, ins):
+        t = shapes[nd["id"]][0]
+        gen = attention.get(nd["id"])
+        a = np.eye(t) if gen is None else expand_attention(dict(gen), t, bool(nd.get("causal", False))).matrix()
+        return _attention(states[ins[-1]], a)
+
+    def norm(nd, ins):
+        return _layer_norm(states[ins[0]], OP_TABLE[nd["op"]].centres)
+
+    def passing(nd, ins):
+        # pooling over locations, identity, dropout, output, a flatten of features: the value itself;
+        # a map turned into features (the row's ``to_features``) averages its locations
+        row, src = OP_TABLE[nd["op"]], states[ins[0]]
+        if row.to_features and not sequence and src.shape[1] > 1:
+            return _to_features(src, bool(row.pool))
+        return src
+
+    handlers = {SOURCE: source, AFFINE: affine, ACT: activation, SUM: add, CONCAT: concat}
+    handlers |= {ATTENTION: mixing, NORM: norm}
     out = {}
     for nd in graph["nodes"]:
-        nid, op, ins = nd["id"], nd["op"], nd.get("inputs", [])
-        if op == "input":
-            e = Entries.of(m, pairs=not sequence)
-            zeros = np.zeros((probes, len(e.a))), np.zeros((probes, m))
-            st = _State(np.array(kernel, np.float64), np.zeros(m), *zeros, tuple(shape), {}, e)
-        elif op in ("dense", "conv"):
-            st = _dense(states[ins[0]], *_affine(layers.get(nid), shapes, nd, ins[0], sequence), rng, sources)
-        elif op == "activation":
-            f = _phi_of(phi, nid)
-            src = states[ins[0]]
-            scale = math.sqrt(max(float(np.max(np.diag(src.kernel), initial=0.0)), 0.0))
-            width = _width(shapes[nid], sequence)
-            st = src if f is None else _activation(src, _table(f, tables, scale), width, rng, sources)
-        elif op == "sum":
-            weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
-            st = _sum([states[i] for i in ins], list(weights), _width(shapes[nid], sequence), rng, sources)
-        elif op == "concat":
-            st = _concat([states[i] for i in ins], concat_coefficients(_width(shapes[i], sequence) for i in ins))
-        elif op == "attention":
-            t = shapes[nid][0]
-            gen = attention.get(nid)
-            a = np.eye(t) if gen is None else expand_attention(dict(gen), t, bool(nd.get("causal", False))).matrix()
-            st = _attention(states[ins[-1]], a)
-        elif op == "layer_norm":
-            st = _layer_norm(states[ins[0]])
-        elif op in _MAP_TO_FEATURES and not sequence and states[ins[0]].shape[1] > 1:
-            st = _to_features(states[ins[0]], op)
-        else:  # pooling over locations, identity, dropout, output, a flatten of features: the value itself
-            st = states[ins[0]]
+        nid, ins = nd["id"], nd.get("inputs", [])
+        st = handlers.get(OP_TABLE[nd["op"]].kind, passing)(nd, ins)
         states[nid] = st
         cov_q = None
         if st.qa is not None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..schemas.ops import OP_TABLE
 from .finite_width import propagate
 from .sampling_noise import token_noise, token_representatives
 
@@ -190,7 +191,7 @@ def stated_token_noise(sol, graph: dict, tokens, phi) -> np.ndarray:
     out = propagate(
         graph, sol, rep.kernel, rep.shape, phi, lambda k, dk, shape, _: token_noise(k, dk, shape, rep.examples)
     )
-    return next(out[nd["id"]] for nd in graph["nodes"] if nd["op"] == "output")
+    return next(out[nd["id"]] for nd in graph["nodes"] if OP_TABLE[nd["op"]].sink)
 
 
 def judge_tokens(diag: TokenKernelDiagnosis, *, layer: str = "a Dense layer") -> None:

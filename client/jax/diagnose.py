@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ...schemas.ops import OP_TABLE, SOURCE
 from ..diagnosis import (
     SHOWN_OPS,
     Diagnosis,
@@ -67,7 +68,7 @@ def diagnose(
     measured = {gid: q_and_c(ext.values[gid], half) for gid in ops if gid in ext.values}
     # the prediction is for the pair measured (its cosine is input_c only to rounding, and to within
     # 1 / locations for a one-channel pair)
-    actual_c = next(measured[gid][1] for gid, op in ops.items() if op == "input")
+    actual_c = next(measured[gid][1] for gid, op in ops.items() if OP_TABLE[op].kind == SOURCE)
     predicted = predict(ext.graph, sol, actual_c, same_locations=same_locations, one_channel=one_channel)
     first = (0, x1.ndim - 1, *range(1, x1.ndim - 1))  # channels last -> channels first
     noise = stated_noise(ext.graph, sol, np.transpose(x1, first), np.transpose(x2, first), answer_phi(sol))

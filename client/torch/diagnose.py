@@ -15,6 +15,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from ...schemas.ops import ACT, OP_TABLE, SOURCE
 from ..diagnosis import (
     SHOWN_OPS,
     Diagnosis,
@@ -116,7 +117,7 @@ def _measure(model: nn.Module, ext, x1: torch.Tensor, x2: torch.Tensor) -> tuple
     """Graph id -> (q, c) measured on the pair, and graph id -> the node's output."""
     value_of = {}  # graph id -> fx node whose output is that node's value
     for node, e in ext.entries.items():
-        value_of[e.gid] = e.inputs[0] if e.op == "output" else node
+        value_of[e.gid] = e.inputs[0] if OP_TABLE[e.op].sink else node
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()  # dropout off: the maps treat it as the identity
@@ -150,8 +151,9 @@ def diagnose(
     theory, below); average several seeds for a tighter check. The predictions are for the pair's
     measured cosine (``.pair_c``: ``input_c`` to rounding). Nodes after
     pooling are marked unless ``same_locations=True``; the ops ``apply`` calibrated on its example
-    batch are marked with the effect it measured and its factor. tat and dks answers only
-    (ValueError otherwise). The model's parameters and modes are left as they were.
+    batch are marked with the effect it measured and its factor. tat, dks, eoc and sparse_eoc
+    answers (ValueError otherwise: a geometric answer states no C map). The model's parameters and
+    modes are left as they were.
 
     Every row states the noise expected of its measurement at the network's widths and the
     answer's initializations (``q_noise``, ``c_noise``: :func:`~sigprop.client.diagnosis.stated_noise`,
@@ -185,7 +187,7 @@ def diagnose(
     measured, values = _measure(model, ext, x1, x2)
     # the prediction is for the pair measured: its cosine is input_c only to rounding (and to within
     # 1 / locations for a one-channel pair, which flips a whole number of locations)
-    actual_c = next(measured[nd["id"]][1] for nd in ext.graph["nodes"] if nd["op"] == "input")
+    actual_c = next(measured[nd["id"]][1] for nd in ext.graph["nodes"] if OP_TABLE[nd["op"]].kind == SOURCE)
     predicted = predict(
         ext.graph, sol, actual_c, same_locations=same_locations, unmodelled=unmodelled, one_channel=one_channel
     )
@@ -237,7 +239,7 @@ def _phi(sol, ext):
         return numpy_fn(sol)
     fns = {}
     for e in ext.entries.values():
-        if e.op == "activation":
+        if OP_TABLE[e.op].kind == ACT:
             node = next((nd for nd in ext.graph["nodes"] if nd["id"] == e.gid), {})
             fns[e.gid] = numpy_fn(sol.for_function(node.get("fn") or sol.activation), e.fn_params)
     return fns
@@ -253,7 +255,7 @@ def _wrong_activations(ext, sol, values: dict) -> dict[str, str]:
     inputs = {nd["id"]: nd.get("inputs", []) for nd in ext.graph["nodes"]}
     out = {}
     for e in ext.entries.values():
-        if e.op != "activation" or isinstance(e.module, TransformedActivation) or not inputs.get(e.gid):
+        if OP_TABLE[e.op].kind != ACT or isinstance(e.module, TransformedActivation) or not inputs.get(e.gid):
             continue
         x, y = values[inputs[e.gid][0]].double(), values[e.gid].double()
         try:

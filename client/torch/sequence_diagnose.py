@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...schemas.ops import OP_TABLE, SOURCE
 from ..solution import as_solution
 from ..token_diagnosis import (
     FLAG_SIGMAS,
@@ -89,7 +90,9 @@ def diagnose_tokens(models, solution, *, batch: int = 4, seed: int = 0) -> Token
     t = predicted.shape[0]
     info = getattr(models[0], "sigprop_sequence", None) or {}
     graph = info.get("graph", {})
-    width_in = next((nd["shape"][-1] for nd in graph.get("nodes", []) if nd.get("op") == "input"), None)
+    width_in = next(
+        (nd["shape"][-1] for nd in graph.get("nodes", []) if OP_TABLE[nd.get("op", "")].kind == SOURCE), None
+    )
     if width_in is None:
         raise ValueError("diagnose_tokens needs models returned by apply() for a sequence answer")
     x = orthonormal_tokens(batch, t, int(width_in), seed=seed)
@@ -107,8 +110,8 @@ def diagnose_tokens(models, solution, *, batch: int = 4, seed: int = 0) -> Token
     q_star = sol.q_star if sol.q_star is not None else 1.0
     probes = _probes(models[0])
     nodes = [
-        NodeQ(gid, op, 0.0 if op == "query" else q_star, float(np.mean([q[gid] for q in qs if gid in q])))
-        for gid, (_, op) in probes.items()
+        NodeQ(gid, role, 0.0 if role == "query" else q_star, float(np.mean([q[gid] for q in qs if gid in q])))
+        for gid, (_, role) in probes.items()  # a probe's role: a graph op, or "query" (zero-initialized)
         if any(gid in q for q in qs)
     ]
     diag = TokenKernelDiagnosis(

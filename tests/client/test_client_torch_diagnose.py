@@ -118,11 +118,13 @@ def test_pooled_nodes_are_marked_unless_locations_are_alike():
     assert abs({r.id: r for r in alike.layers}["pool"].c_error) < 0.1
 
 
-def test_only_tat_and_dks_answers():
-    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+def test_only_answers_with_c_maps():
+    """tat, dks, eoc and sparse_eoc answers are diagnosed (tests/client/test_diagnose_eoc.py); a
+    geometric answer states no C map."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     x = torch.randn(4, 8)
-    sol = _solve(graph_from_module(model, x), method="eoc", activation="tanh", targets={})
-    with pytest.raises(ValueError, match="tat and dks"):
+    sol = _solve(graph_from_module(model, x), method="geometric", activation="relu", targets={})
+    with pytest.raises(ValueError, match="tat, dks, eoc and sparse_eoc"):
         diagnose(model, sol, x)
 
 
