@@ -329,3 +329,9 @@ def canonical_attrs(nd, n: int) -> dict:
 def window(op: str, attrs: Mapping, in_shape: tuple) -> int:
     """Entries of its input each output entry of an ``op`` node reads (``OpRule.window``)."""
     return OP_TABLE[op].window(attrs, in_shape)
+
+
+def kind_of(op: object) -> str | None:
+    """The kind of ``op`` from raw JSON (any value), or None when it names no op of the table."""
+    row = OP_TABLE.get(op) if isinstance(op, str) else None
+    return row.kind if row is not None else None

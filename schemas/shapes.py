@@ -43,7 +43,7 @@ def check_arity(nd) -> None:
 
 def _check_wiring(graph: Graph) -> str:
     """Ids, arity and edges of every node (dead ones too); returns the output node's id."""
-    outputs = [nd.id for nd in graph.nodes if nd.op == "output"]
+    outputs = [nd.id for nd in graph.nodes if OP_TABLE[nd.op].sink]
     if len(outputs) != 1:
         listed = f" ({', '.join(outputs[:5])})" if outputs else ""
         raise _invalid(
@@ -61,7 +61,7 @@ def _check_wiring(graph: Graph) -> str:
                     f"node '{nd.id}' reads from '{src}', which is not listed before it",
                     "list every node after the nodes it reads from",
                 )
-            if earlier[src] == "output":
+            if OP_TABLE[earlier[src]].sink:
                 raise _invalid(f"node '{nd.id}' reads from the output node '{src}'", "the output node must be last")
         earlier[nd.id] = nd.op
     return outputs[0]

@@ -22,6 +22,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from ..errors import SigpropError
+from ..schemas.ops import AFFINE, ATTENTION, NORM, SOURCE, SUM, kind_of
 from .charlm_corpus import VOCAB_SIZE
 
 __all__ = ["TransformerParams", "CharLMPlan", "transformer_params", "plan_charlm", "LIMITS"]
@@ -84,7 +85,7 @@ def transformer_params(graph: dict) -> TransformerParams:
     ``SigpropError`` naming what is not the template's."""
     nodes = {n.get("id"): n for n in graph.get("nodes") or () if isinstance(n, dict)}
     x = nodes.get("x")
-    if x is None or x.get("op") != "input" or not x.get("sequence") or len(x.get("shape") or ()) != 2:
+    if x is None or kind_of(x.get("op")) != SOURCE or not x.get("sequence") or len(x.get("shape") or ()) != 2:
         raise _bad("the graph has no sequence input node 'x' of shape [seq_len, width]")
     seq_len, width = (int(s) for s in x["shape"])
     blocks = sorted(int(m.group(1)) for i in nodes if (m := _BLOCK.match(str(i))))
@@ -92,7 +93,7 @@ def transformer_params(graph: dict) -> TransformerParams:
         raise _bad("the graph's attention nodes are not the transformer template's b0.attn, b1.attn, ...")
     first = nodes["b0.attn"]
     fc1 = nodes.get("b0.fc1")
-    if first.get("op") != "attention" or fc1 is None or fc1.get("op") != "dense":
+    if kind_of(first.get("op")) != ATTENTION or fc1 is None or kind_of(fc1.get("op")) != AFFINE:
         raise _bad("block b0 lacks the template's attention node 'b0.attn' or dense node 'b0.fc1'")
     heads = int(first.get("heads") or 1)
     units = int(fc1.get("units") or 0)
@@ -105,8 +106,8 @@ def transformer_params(graph: dict) -> TransformerParams:
         heads=heads,
         mlp_ratio=units // width,
         causal=bool(first.get("causal", True)),
-        shortcuts=any(n.get("op") == "sum" for n in nodes.values()),
-        norms=any(n.get("op") == "layer_norm" for n in nodes.values()),
+        shortcuts=any(kind_of(n.get("op")) == SUM for n in nodes.values()),
+        norms=any(kind_of(n.get("op")) == NORM for n in nodes.values()),
     )
 
 

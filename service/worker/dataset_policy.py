@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import SigpropError
 from ..schemas.graph import Graph
+from ..schemas.ops import OP_TABLE, SOURCE, kind_of
 from ..schemas.shapes import infer_shapes
 from ..schemas.validation import CHARLM_DATASET
 from .datasets import SYNTHETIC_CLASSES
@@ -52,10 +53,15 @@ def _too_large(message: str, hint: str) -> SigpropError:
     return SigpropError("dataset_too_large", f"dataset: {message}", hint)
 
 
+def _is_sink(op: object) -> bool:
+    row = OP_TABLE.get(op) if isinstance(op, str) else None
+    return row is not None and row.sink
+
+
 def graph_input_shape(graph: dict) -> tuple[int, ...] | None:
     """The shape of the first ``input`` node of a wire graph (what the trainer feeds), or None."""
     for node in graph.get("nodes") or ():
-        if isinstance(node, dict) and node.get("op") == "input" and node.get("shape") is not None:
+        if isinstance(node, dict) and kind_of(node.get("op")) == SOURCE and node.get("shape") is not None:
             return tuple(int(s) for s in node["shape"])
     return None
 
@@ -184,7 +190,7 @@ def graph_output_shape(graph: dict) -> tuple[int, ...] | None:
         shapes = infer_shapes(Graph.model_validate(graph))
     except (SigpropError, ValueError):
         return None
-    out = next((n.get("id") for n in graph.get("nodes") or () if isinstance(n, dict) and n.get("op") == "output"), None)
+    out = next((n.get("id") for n in graph.get("nodes") or () if isinstance(n, dict) and _is_sink(n.get("op"))), None)
     return tuple(shapes[out]) if out in shapes else None
 
 

@@ -171,7 +171,7 @@ def build_graph(graph: Graph, default_activation: str | None = None) -> NetworkG
     by_id = {nd.id: nd for nd in wire}
     if len(by_id) != len(wire):
         _raise_duplicate(wire)
-    outputs = [nd.id for nd in wire if nd.op == "output"]
+    outputs = [nd.id for nd in wire if OP_TABLE[nd.op].sink]
     if len(outputs) != 1:
         raise _invalid(
             f"the graph has {len(outputs)} output nodes" + (f" ({', '.join(outputs[:5])})" if outputs else ""),
