@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from .activations import ActivationName, canonical_name
 from .graph import Graph, Template
+from .shapings import DEFAULT_FINAL_GAMMA, DEFAULT_FINAL_RHO, DEFAULT_TEMPERATURE, SHAPING_TABLE, ShapingName
 
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
@@ -71,17 +72,8 @@ class TrainableOptions(BaseModel):
     )
 
 
-# Attention shapings (He, Martens et al., arXiv:2302.10322, sections 3-4; Noci et al., arXiv:2306.17759)
-# and the request keys each one takes besides ``shaping``.
-SHAPING_KEYS: dict[str, tuple[str, ...]] = {
-    "e-spa": ("final_gamma",),
-    "u-spa": ("final_rho",),
-    "value-skipinit": (),
-    "shaped": ("temperature",),
-}
-DEFAULT_FINAL_GAMMA = 0.005
-DEFAULT_FINAL_RHO = 0.8
-DEFAULT_TEMPERATURE = 1.0
+# the request keys each attention shaping takes besides ``shaping`` (``schemas.shapings``)
+SHAPING_KEYS: dict[str, tuple[str, ...]] = {name: s.keys for name, s in SHAPING_TABLE.items()}
 
 
 def _keys_by_shaping(schema: dict) -> None:
@@ -104,7 +96,7 @@ class AttentionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_keys_by_shaping)
 
-    shaping: Literal["e-spa", "u-spa", "value-skipinit", "shaped"] = Field(
+    shaping: ShapingName = Field(
         description="e-spa: exponential target kernels exp(-gamma_l |i-j|) (He et al. section 3); u-spa: uniform "
         "targets (1 - rho_l) I + rho_l 11^T; value-skipinit: A = alpha I + beta softmax, alpha 1 and beta 0 at init "
         "(section 4); shaped: A = I + softmax(logits / tau) - softmax(mask) (Noci et al.)"

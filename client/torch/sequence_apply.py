@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ...schemas.attention_init import expand_attention
+from ...schemas.shapings import zero_query_shapings
 from ...schemas.solve import LayerInit, Solution
 from ..solution import as_solution
 from .attention import ShapedAttention, ShapedMultiheadAttention
@@ -51,7 +52,8 @@ from .sequence import SequenceExtraction
 
 __all__ = ["apply_sequence", "answer_part", "is_sequence_graph", "ZERO_QUERY_SHAPINGS"]
 
-ZERO_QUERY_SHAPINGS = ("e-spa", "u-spa", "value-skipinit")
+# the shapings whose query starts at zero (``schemas.shapings``)
+ZERO_QUERY_SHAPINGS = zero_query_shapings()
 
 
 def answer_part(solution, key: str):

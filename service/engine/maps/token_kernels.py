@@ -40,6 +40,7 @@ import numpy as np
 from ...errors import SigpropError
 from ...schemas.activations import activation_info
 from ...schemas.attention_init import expand_attention
+from ...schemas.shapings import DEFAULT_FINAL_GAMMA, DEFAULT_FINAL_RHO, SHAPINGS
 from .activations import Activation, get_activation, transformed
 from .token_activation import activation_token_kernel, activation_token_mean
 
@@ -62,11 +63,6 @@ __all__ = [
     "answer_activation",
 ]
 
-SHAPINGS = ("e-spa", "u-spa", "value-skipinit", "shaped")
-# the default of a public re-implementation of arXiv:2302.10322 (module docstring)
-DEFAULT_FINAL_GAMMA = 0.005
-# ours: U-SPA's final correlation (module docstring)
-DEFAULT_FINAL_RHO = 0.8
 
 _TRANSFORM_KEYS = ("input_scale", "input_shift", "output_scale", "output_shift")
 _TRANSFORM_IDENTITY = {"input_scale": 1.0, "input_shift": 0.0, "output_scale": 1.0, "output_shift": 0.0}

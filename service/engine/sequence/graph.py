@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ...errors import SigpropError
 from ...schemas.ops import ACT, AFFINE, ATTENTION, NORM, OP_TABLE, PASS, SOURCE
+from ...schemas.shapings import SHAPINGS
 from ...schemas.solve import SEQUENCE_METHODS, SolveRequest
 from ..graph.build import NetworkGraph, Node, pass_sources
 
@@ -61,9 +62,10 @@ def check_sequence_request(graph: NetworkGraph, request: SolveRequest) -> None:
         raise SigpropError(
             "invalid_request",
             f"the graph has attention node '{first}' but the request has no 'attention' key",
-            'name how to shape attention, e.g. "attention": {"shaping": "e-spa"} (or "u-spa", '
-            '"value-skipinit", "shaped"): standard attention with random queries and keys is not a fixed '
-            "matrix at initialization, so its signal propagation has no kernel description",
+            f'name how to shape attention, e.g. "attention": {{"shaping": "{SHAPINGS[0]}"}} (or '
+            + ", ".join(f'"{name}"' for name in SHAPINGS[1:])
+            + "): standard attention with random queries and keys is not a fixed matrix at initialization, "
+            "so its signal propagation has no kernel description",
         )
     if request.method not in SEQUENCE_METHODS:
         raise SigpropError(
