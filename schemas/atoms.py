@@ -24,6 +24,12 @@ coefficients over atoms, and then:
   (``sum(z, act(z))``: the cross term E[z phi(z)] is not zero) or two features (their means multiply)
   has no exact Gaussian description at all.
 
+A product ``mul(u, v)`` (kind ``product``: a gated MLP's gate) is a feature like an activation's
+output: exact when its factors' atoms are independent (their supports, what each is correlated with,
+are disjoint: two dense layers reading one stream have independent weights), where
+E[u v u' v'] = E[u u'] E[v v'] gives q = q_u q_v and C = C_u C_v; factors that share an atom
+(``mul(x, x)``, ``mul(act(z), z)``) are a ``BadSum`` with ``product``, refused or warned as a bad sum is.
+
 Where coefficients merged, the pass prescribes a *scale* of the sum's weights that restores
 ``sum_a c_a^2 = 1`` (every atom has q = 1 under the kernel methods' normalization, the network input
 by the contract's input convention), so the sum is the normalized sum the method assumes and the
@@ -43,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import SigpropError
-from .ops import ACT, AFFINE, CONCAT, SOURCE, SUM, ops_of_kind
+from .ops import ACT, AFFINE, CONCAT, PRODUCT, SOURCE, SUM, ops_of_kind
 
 __all__ = ["MAX_TERMS", "AtomPass", "BadSum", "atom_pass", "expansion_bound", "private_nodes"]
 
@@ -54,6 +60,7 @@ _LINEAR = ops_of_kind(SUM, CONCAT)
 _ATOM = ops_of_kind(AFFINE)
 _FEATURE = ops_of_kind(SOURCE, ACT)
 _SOURCES, _ACTS, _SUMS, _CONCATS = ops_of_kind(SOURCE), ops_of_kind(ACT), ops_of_kind(SUM), ops_of_kind(CONCAT)
+_PRODUCTS = ops_of_kind(PRODUCT)
 
 
 @dataclass(frozen=True)
@@ -61,13 +68,15 @@ class BadSum:
     """A sum with no exact Gaussian description: ``feature`` (a feature atom in it) is correlated
     with ``partner`` (another atom of the sum), or ``partner`` is a second feature (``second``);
     with ``concat``, neither is a feature: a concatenation shares atoms with another term, and its
-    per-coordinate correlations are not modelled."""
+    per-coordinate correlations are not modelled; with ``product``, ``node`` is a product whose two
+    factors ``feature`` and ``partner`` share atoms (its moments do not factor)."""
 
     node: int
     feature: int
     partner: int
     second: bool
     concat: bool = False
+    product: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,7 +169,7 @@ def expansion_bound(ops: Sequence[str], inputs: Sequence[Sequence[int]], private
     """An upper bound on the coefficients ``atom_pass`` holds, in one integer pass."""
     size = [1] * len(ops)
     for v, op in enumerate(ops):
-        if op in _ATOM or op in _FEATURE or private[v]:
+        if op in _ATOM or op in _FEATURE or op in _PRODUCTS or private[v]:
             size[v] = 1
         elif op in _SUMS:
             size[v] = sum(size[i] for i in inputs[v])
@@ -175,7 +184,7 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
     """Write each node (in topological order: ``inputs`` name earlier nodes) as coefficients over
     atoms. ``weights[v]``: a sum's weights (None: 1/sqrt(n) each), ignored for other nodes."""
     n = len(ops)
-    if not any(op in _LINEAR for op in ops):
+    if not any(op in _LINEAR or op in _PRODUCTS for op in ops):
         return _chain_pass(ops, inputs)
     consumers = _consumers(inputs)
     private = private_nodes(ops, inputs, consumers)
@@ -209,6 +218,18 @@ def atom_pass(ops: Sequence[str], inputs: Sequence[Sequence[int]], weights: Sequ
             feature[v] = True
             if op in _ACTS and carries[v]:  # its output enters a combination: who it is correlated with
                 reach[v] = _support(exp[ins[0]], reach)
+                held = _hold(held, reach[v], bound)
+            continue
+        if op in _PRODUCTS:
+            # a feature (not Gaussian); exact only when the factors' supports are disjoint (module docstring)
+            u, w = (_support(exp[i], reach) for i in ins)
+            if ins[0] == ins[1] or not u.isdisjoint(w):
+                bad.append(BadSum(v, ins[0], ins[1], False, product=True))
+            exp[v] = {v: 1.0}
+            witness[v] = (v, None)
+            feature[v] = True
+            if carries[v]:
+                reach[v] = u | w
                 held = _hold(held, reach[v], bound)
             continue
         if op in _SUMS:

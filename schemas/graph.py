@@ -108,6 +108,19 @@ class LayerNormNode(_Node):
     op: Literal["layer_norm"]
 
 
+class RMSNormNode(_Node):
+    """Division by the root mean square over the features (RMSNorm, scale 1 at initialization): per
+    token on a token stream, per example on [features]."""
+
+    op: Literal["rms_norm"]
+
+
+class MulNode(_Node):
+    """The elementwise product of its two inputs, of one shape (the gate of SwiGLU/GeGLU)."""
+
+    op: Literal["mul"]
+
+
 class ConcatNode(_Node):
     op: Literal["concat"]
 
@@ -167,6 +180,8 @@ Node = Annotated[
     | DropoutNode
     | AttentionNode
     | LayerNormNode
+    | RMSNormNode
+    | MulNode
     | IdentityNode
     | PassThroughNode,
     Field(discriminator="op"),

@@ -23,7 +23,10 @@ Rectifiers", arXiv:2203.08120, section 2.3 and Appendix B.4):
   correlation between locations is the input's, not the graph's);
 - ``norm``: per-token (or per-example) normalization by the root mean square over features: the
   same atoms scaled by 1/sqrt(q) at infinite width;
-- ``attention``: token mixing (shaped attention, ``engine.sequence``).
+- ``attention``: token mixing (shaped attention, ``engine.sequence``);
+- ``product``: the elementwise product of two streams (the gate of SwiGLU/GeGLU): a feature (not
+  Gaussian), exact when its factors' atoms are independent: q = q_u q_v, C = C_u C_v, a token kernel
+  the Hadamard product K_u o K_v (factors sharing atoms are refused by the atom pass).
 
 ``coverage`` says, for a node with given attributes and input shape, whether the theory is exact
 there by the row alone (``exact``), measured by calibration (``calibrated``), or outside the theory
@@ -52,6 +55,7 @@ __all__ = [
     "NORM",
     "OP_TABLE",
     "PASS",
+    "PRODUCT",
     "REFUSED",
     "SOURCE",
     "SUM",
@@ -64,8 +68,8 @@ __all__ = [
 ]
 
 SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
-ATTENTION, NORM = "attention", "norm"
-KINDS = (SOURCE, PASS, AFFINE, ACT, SUM, CONCAT, ATTENTION, NORM)
+ATTENTION, NORM, PRODUCT = "attention", "norm", "product"
+KINDS = (SOURCE, PASS, AFFINE, ACT, SUM, CONCAT, ATTENTION, NORM, PRODUCT)
 
 EXACT, CALIBRATED, REFUSED = "exact", "calibrated", "refused"
 
@@ -305,6 +309,21 @@ _ROWS = (
         color="#5c940d",
         summary="per-token normalization over the features",
         centres=True,
+    ),
+    OpRule(
+        "rms_norm",
+        NORM,
+        shape=rules.rms_norm_shape,
+        color="#66a80f",
+        summary="division by the root mean square over the features, per token or per example",
+    ),
+    OpRule(
+        "mul",
+        PRODUCT,
+        (2, 2),
+        rules.product_shape,
+        color="#d6336c",
+        summary="the elementwise product of two streams of one shape (a gated MLP's gate)",
     ),
 )
 

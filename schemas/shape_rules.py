@@ -22,6 +22,8 @@ __all__ = [
     "input_shape",
     "norm_shape",
     "pool_shape",
+    "product_shape",
+    "rms_norm_shape",
     "same_shape",
     "sum_shape",
 ]
@@ -50,7 +52,7 @@ def _sequence_refusal(nd, what: str) -> SigpropError:
     return SigpropError(
         "unsupported_structure",
         f"{nd.op} node '{nd.id}' {what} a token stream: sequence graphs take dense, activation, attention, "
-        "layer_norm, sum, dropout and identity nodes",
+        "layer_norm, rms_norm, mul, sum, dropout and identity nodes",
         "token streams have shape [tokens, features]; mixing tokens other than by an 'attention' node "
         "(convolution, pooling, flattening, concatenation) is not covered",
     )
@@ -171,6 +173,28 @@ def norm_shape(nd, in_shapes: list[Shape]) -> Shape:
             "[tokens, features]",
         )
     return s
+
+
+def rms_norm_shape(nd, in_shapes: list[Shape]) -> Shape:
+    """RMSNorm: per token on a token stream [tokens, features], per example on [features]."""
+    s = in_shapes[0]
+    if len(s) == 3:
+        raise _invalid(
+            f"rms_norm node '{nd.id}' gets a feature map of shape {list(s)}",
+            "rms_norm normalizes over features: apply it to [features] (after 'flatten' or 'global_avg_pool') or to "
+            "a token stream [tokens, features]",
+        )
+    return s
+
+
+def product_shape(nd, in_shapes: list[Shape]) -> Shape:
+    """An elementwise product: two inputs of one shape."""
+    if len(in_shapes) != 2 or in_shapes[0] != in_shapes[1]:
+        raise _invalid(
+            f"mul node '{nd.id}' multiplies shapes {[list(x) for x in in_shapes]}",
+            "mul takes exactly two inputs of the same shape (e.g. two dense nodes with equal units reading one node)",
+        )
+    return in_shapes[0]
 
 
 def attention_shape(nd, in_shapes: list[Shape]) -> Shape:

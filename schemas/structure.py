@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from .atoms import AtomPass, BadSum, atom_pass
 from .errors import SigpropError
 from .graph import Graph
-from .ops import ACT, AFFINE, CONCAT, EXACT, OP_TABLE, SOURCE, SUM
+from .ops import ACT, AFFINE, CONCAT, EXACT, OP_TABLE, PRODUCT, SOURCE, SUM
 
 __all__ = [
     "SUBNETWORK_CONVENTION",
@@ -192,6 +192,12 @@ def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[s
             f"activation {act!r} reads the network input {source!r} with no weighted layer before it",
             "put a dense or conv layer between the input and the first activation",
         )
+    if v.via is None and OP_TABLE[report.ops[v.source]].kind == PRODUCT:
+        return (
+            f"activation {act!r} reads the product {source!r} with no weighted layer between (a product of two "
+            "streams is not Gaussian)",
+            "put a dense layer after the mul node (a gated MLP's down projection) before any activation",
+        )
     if v.via is None:
         return (
             f"activation {act!r} reads the output of activation {source!r} with no weighted layer between",
@@ -215,6 +221,16 @@ def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[s
 def _sum_cause(ids: Sequence[str], report: StructureReport, b: BadSum) -> tuple[str, str]:
     """(what happens at this sum, the fix) for a sum with no exact Gaussian description."""
     node, feat, other = ids[b.node], ids[b.feature], ids[b.partner]
+    if b.product:
+        why = (
+            f"mul {node!r} multiplies {feat!r} and {other!r}, which share atoms (the same weighted layer, input or "
+            "activation reaches both): E[u v u' v'] does not factor into E[u u'] E[v v'], so q = q_u q_v and "
+            "C = C_u C_v do not hold"
+        )
+        return why, (
+            "give each factor its own weighted layer reading the shared stream (a gated MLP: "
+            "mul(act(dense1(x)), dense2(x)))"
+        )
     source = OP_TABLE[report.ops[b.feature]].kind == SOURCE
     what = "the network input" if source else f"the post-activation feature {feat!r}"
     if b.concat:

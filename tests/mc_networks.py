@@ -74,11 +74,22 @@ class Probe:
 
 
 def forward(
-    graph, ans, x: np.ndarray, rng: np.random.Generator, record=(), dropout_training: bool = False
+    graph,
+    ans,
+    x: np.ndarray,
+    rng: np.random.Generator,
+    record=(),
+    dropout_training: bool = False,
+    mixers: dict | None = None,
 ) -> tuple[np.ndarray, Probe]:
     """Propagate a batch ``x`` through one random draw of the network; returns the output and the
     features of the nodes named in ``record``. Dropout is the identity (evaluation mode) unless
-    ``dropout_training``: then every input draws its own mask and the kept values are divided by 1 - p."""
+    ``dropout_training``: then every input draws its own mask and the kept values are divided by 1 - p.
+
+    Sequence graphs: ``x`` is (batch, tokens, features), dense layers act on the last axis, and an
+    attention node is its fixed matrix at initialization (``mixers``: T x T by node id, e.g. from
+    ``sigprop.schemas.attention_init.expand_attention``: zero queries make the logits vanish)
+    applied to its value input over the token axis."""
     layers = {lay.id: lay for lay in ans.layers}
     act = phi_hat(ans)
     vals: list[np.ndarray] = [None] * graph.n  # type: ignore[list-item]
@@ -89,8 +100,11 @@ def forward(
             h = x
         elif nd.op in ("dense", "conv"):
             lay = layers[nd.user_id]
-            assert lay.distribution in ("scaled_uniform_orthogonal", "orthogonal_delta")
-            w = suo(lay.fan_out, lay.fan_in, lay.gain, rng)
+            if lay.distribution == "gaussian":  # e.g. a sequence graph's zero query projections
+                w = rng.standard_normal((lay.fan_out, lay.fan_in)) * math.sqrt(lay.weight_variance)
+            else:
+                assert lay.distribution in ("scaled_uniform_orthogonal", "orthogonal_delta")
+                w = suo(lay.fan_out, lay.fan_in, lay.gain, rng)
             h = ins[0]
             if nd.op == "conv":
                 sh, sw = nd.attrs["stride"]
@@ -99,13 +113,28 @@ def forward(
                 h = h @ w.T
             if lay.bias == "gaussian":  # one draw per channel, shared by the batch and the locations
                 b = rng.standard_normal(lay.fan_out) * math.sqrt(lay.bias_variance)
-                h = h + b.reshape((1, -1) + (1,) * (h.ndim - 2))
+                h = h + (b if len(nd.shape) == 2 else b.reshape((1, -1) + (1,) * (h.ndim - 2)))
         elif nd.op == "activation":
-            h = act(ins[0])
+            fn = nd.attrs.get("fn", ans.activation)
+            if fn == ans.activation or fn is None:
+                h = act(ins[0])
+            elif ans.input_scale is None and ans.tau is None and ans.negative_slope is None:
+                h = RAW[fn](ins[0])  # Edge of Chaos with several functions: each phi itself
+            else:
+                raise NotImplementedError(f"a second function {fn!r} in a transformed answer")
         elif nd.op == "sum":
             # the answer's sum_scales renormalize sums of shared atoms, as the adapters apply them
             scale = (ans.sum_scales or {}).get(nd.user_id, 1.0)
             h = sum(scale * wt * v for wt, v in zip(nd.attrs["weights"], ins, strict=False))
+        elif nd.op == "rms_norm":  # over the features (the last axis), per example or per token
+            h = ins[0] / np.sqrt(np.mean(ins[0] * ins[0], axis=-1, keepdims=True))
+        elif nd.op == "layer_norm":
+            c = ins[0] - ins[0].mean(axis=-1, keepdims=True)
+            h = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True))
+        elif nd.op == "mul":
+            h = ins[0] * ins[1]
+        elif nd.op == "attention":
+            h = np.einsum("ts,bsf->btf", mixers[nd.user_id], ins[2])
         elif nd.op == "concat":
             h = np.concatenate(ins, axis=1)
         elif nd.op == "global_avg_pool":

@@ -21,6 +21,8 @@ attention          ``sigprop.client.torch.attention.ShapedAttention(heads, seq_l
                    called with the node's q, k, v inputs (plain causal softmax attention until
                    an answer's initialization is loaded into it)
 layer_norm         ``nn.LayerNorm(width)`` over each token's features (affine identity at init)
+rms_norm           ``nn.RMSNorm(width, eps=1e-6)`` over the last axis (scale 1 at init)
+mul                ``Product``: the elementwise product of its two inputs
 =================  ==================================================================
 
 In a sequence graph (input ``[T, D]``, ``"sequence": true``) tensors are ``(batch, T, features)``:
@@ -197,6 +199,19 @@ def _layer_norm(model, nd, ins, in_shape, activation, residual):
     return "module", mod
 
 
+def _rms_norm(model, nd, ins, in_shape, activation, residual):
+    mod = nn.RMSNorm(int(in_shape[-1]), eps=1e-6)
+    model.norms.append(nd.user_id)
+    return "module", mod
+
+
+class Product(nn.Module):
+    """The elementwise product of two tensors of one shape (a ``mul`` node: a gated MLP's gate)."""
+
+    def forward(self, a, b):
+        return a * b
+
+
 def _run(how: str):
     """A node run by ``GraphModel.forward`` itself, with no module."""
     return lambda model, nd, ins, in_shape, activation, residual: (how, None)
@@ -221,6 +236,8 @@ MODULE_BUILDERS = {
     "identity": lambda model, nd, ins, in_shape, activation, residual: ("module", nn.Identity()),
     "attention": _attention,
     "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "mul": lambda model, nd, ins, in_shape, activation, residual: ("product", Product()),
     "output": _run("pass"),
 }
 
@@ -316,6 +333,8 @@ class GraphModel(nn.Module):
                 v = mod(*[vals[i] for i in ins])
             elif kind == "attention":
                 v = mod(vals[ins[0]], vals[ins[1]], vals[ins[2]])
+            elif kind == "product":
+                v = mod(vals[ins[0]], vals[ins[1]])
             elif kind == "concat":
                 v = torch.cat([vals[i] for i in ins], dim=1)
             elif kind == "global_avg_pool":

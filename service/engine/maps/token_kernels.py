@@ -15,7 +15,9 @@ Signal Propagation" (He, Martens et al., arXiv:2302.10322) section 2 sets out:
   S_jj]]) (section 2, the dual kernel; ``activation_token_kernel``, in ``token_activation``);
 - a sum of branches that each end in an independent zero-mean dense layer: the kernels add with
   the coefficients w_k^2 of ``sigprop.schemas.kernels.sum_coefficients`` (``sum_token_kernel``);
-- layer normalization over features, per token (``layer_norm_token_kernel``).
+- layer normalization over features, per token (``layer_norm_token_kernel``);
+- RMS normalization over features, per token (``rms_norm_token_kernel``);
+- the elementwise product of two streams with independent atoms (``product_token_kernel``).
 
 The E-SPA schedule (section 3.1): Sigma_l = exp(-gamma_l |i - j|) after attention layer l of L,
 from orthonormal tokens (Sigma_0 = I), with every layer multiplying the Cholesky factor's diagonal
@@ -58,6 +60,8 @@ __all__ = [
     "attention_token_kernel",
     "sum_token_kernel",
     "layer_norm_token_kernel",
+    "product_token_kernel",
+    "rms_norm_token_kernel",
     "activation_token_kernel",
     "activation_token_mean",
     "answer_activation",
@@ -250,6 +254,25 @@ def layer_norm_token_kernel(k, mean=None) -> np.ndarray:
     out = centred / np.outer(root, root)
     np.fill_diagonal(out, np.where(live, 1.0, 0.0))
     return out
+
+
+def rms_norm_token_kernel(k) -> np.ndarray:
+    """RMS normalization over features, per token, at infinite width (scale 1 at init): token i's
+    features are divided by their root mean square sqrt(K_ii), so K'_ij = K_ij / sqrt(K_ii K_jj),
+    whatever the means (nothing is subtracted). A token whose features are all zero stays zero."""
+    k = _square(k)
+    d = np.diag(k).copy()
+    live = d > 0.0
+    root = np.where(live, np.sqrt(np.where(live, d, 1.0)), np.inf)
+    out = k / np.outer(root, root)
+    np.fill_diagonal(out, np.where(live, 1.0, 0.0))
+    return out
+
+
+def product_token_kernel(ku, kv) -> np.ndarray:
+    """The elementwise product of two streams whose atoms are independent (two dense layers reading one
+    stream: independent weights): E[u_i v_i u_j v_j] = E[u_i u_j] E[v_i v_j], the Hadamard product."""
+    return _square(ku) * _square(kv)
 
 
 # --------------------------------------------------------------------------- activations

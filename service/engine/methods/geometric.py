@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from ...errors import SigpropError
 from ...schemas.atoms import AtomPass, atom_pass
 from ...schemas.kernels import concat_coefficients, sum_coefficients
-from ...schemas.ops import ACT, AFFINE, CONCAT, SOURCE, SUM, rule
+from ...schemas.ops import ACT, AFFINE, CONCAT, NORM, PRODUCT, SOURCE, SUM, rule
 from ..graph.build import NetworkGraph, correlated_sum_warnings, pass_sources
 from ..maps.activations import Activation, get_activation
 from ..network.subnetworks import _dominators
@@ -172,6 +172,21 @@ def _rules(graph: NetworkGraph, gains: dict[int, float], w2: dict[int, float]):
         else:  # input, flatten, dropout (identity at initialization), identity, output
             rules.append([(1.0, 1.0)] * len(ins))
     return rules
+
+
+def _refuse_unscaled(graph: NetworkGraph) -> None:
+    """The GR scaling propagates second moments linearly through every node (Proposition 3): an
+    rms_norm (which resets them to 1) or a product of two streams (m_u m_v) breaks it."""
+    found = sorted({nd.op for nd in graph.nodes if nd.kind in (NORM, PRODUCT)})
+    if found:
+        # the graph here is anonymized: the count and the ops name what to change
+        raise SigpropError(
+            "unsupported_structure",
+            f"geometric initialization does not cover {' or '.join(found)} nodes: the GR scaling propagates "
+            "per-element second moments linearly, which a normalization (q -> 1) or a product of two streams "
+            "(m_u m_v) does not",
+            "use method 'eoc', 'dks' or 'tat' for graphs with rms_norm or mul nodes",
+        )
 
 
 def _forward(graph: NetworkGraph, rules, seed: dict[int, float]) -> list[float]:
@@ -339,6 +354,7 @@ def solve_geometric(
     gain = _homogeneous_gain(act, "the request")
     c = 1.0 / gain
     nodes = graph.nodes
+    _refuse_unscaled(graph)
     warnings = list(graph.warnings)
     gains = _activation_gains(graph, act, gain, warnings)
 

@@ -30,12 +30,15 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq
 
-from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM
 from ..graph.build import NetworkGraph
 from ..maps.activations import Activation
 from ..methods.eoc import EOCSolution, variance_map
 
 INPUT, GAUSS = "input", "gauss"
+# an rms_norm's output: q = 1 whatever it reads, its correlation its input's
+NORMED = "normed"
+# a product's kind is the tuple (PRODUCT, kinds of its first factor, kinds of its second): q = q_u q_v
 # V'(q*)^depth from which an unstable q* makes an answer not hold: a deviation of q from q* (a finite
 # width's sampling noise) at least doubles over the network
 DRIFT_LIMIT = 2.0  # the other kind is a function slot (int): that function's features
@@ -49,6 +52,15 @@ def _first(nd, out: list[frozenset], slot: dict) -> frozenset:
     return out[nd.inputs[0]]
 
 
+def _norm(nd, out: list[frozenset], slot: dict) -> frozenset:
+    # rms_norm: q = 1 (a layer_norm, which centres, is a sequence graph's and never reaches EoC)
+    return _first(nd, out, slot) if OP_TABLE[nd.op].centres else frozenset([NORMED])
+
+
+def _product(nd, out: list[frozenset], slot: dict) -> frozenset:
+    return frozenset([(PRODUCT, out[nd.inputs[0]], out[nd.inputs[1]])])
+
+
 # what a node of each op kind holds, from the node, the earlier nodes' values and the function slots
 NODE_KIND_RULES = {
     SOURCE: lambda nd, out, slot: frozenset([INPUT]),
@@ -57,8 +69,9 @@ NODE_KIND_RULES = {
     SUM: _union,
     CONCAT: _union,
     PASS: _first,  # identity, dropout (evaluation mode), flatten, pooling, output
-    NORM: _first,
+    NORM: _norm,
     ATTENTION: _first,
+    PRODUCT: _product,
 }
 
 
@@ -88,27 +101,64 @@ class NetworkPlan:
     output_kind: frozenset  # what the output holds
     output_q: float | None  # its q (None where mixed)
     no_bias: frozenset  # function slots read by a layer without bias: their readers are q-preserving
+    # function slots whose features an rms_norm or a mul reads: the pass carries phi's own normalized C
+    # map there (the product and the norm need it), so every layer reading them is q-preserving too
+    own_map: frozenset = frozenset()
+
+    @property
+    def own(self) -> frozenset:
+        """The function slots whose pass value is phi's own C map (``no_bias`` and ``own_map``)."""
+        return self.no_bias | self.own_map
 
 
 def kind_q(kind, q_star: float, sols: list[EOCSolution]) -> float:
     """q of a node of one kind: 1 (input), q* (Gaussian), or E[phi_k(sqrt(q*) z)^2] = (q* - sigma_b^2) / sigma_w^2
     for function k's features (from V(q*) = q*)."""
-    if kind == INPUT:
+    if kind in (INPUT, NORMED):
         return 1.0
     if kind == GAUSS:
         return q_star
+    if isinstance(kind, tuple):  # a product: q = q_u q_v (independent factors)
+        return set_q(kind[1], q_star, sols) * set_q(kind[2], q_star, sols)
     s = sols[kind]
     return (q_star - s.sigma_b2) / s.sigma_w2
 
 
+def set_q(kind_set, q_star: float, sols: list[EOCSolution]) -> float:
+    """q of a node whose value is made of ``kind_set``: one kind's, or the common q of the input, rms_norm
+    outputs (q = 1) and Gaussian nodes (q*) where they agree; nan for a mix of different q."""
+    if len(kind_set) == 1:
+        return kind_q(next(iter(kind_set)), q_star, sols)
+    if kind_set <= {INPUT, NORMED, GAUSS} and (GAUSS not in kind_set or q_star == 1.0):
+        return 1.0
+    return math.nan
+
+
 def plan_network(graph: NetworkGraph, sols: list[EOCSolution]) -> NetworkPlan:
-    """Each weighted layer's (sigma_w^2, sigma_b^2) from what it reads (module docstring)."""
+    """Each weighted layer's (sigma_w^2, sigma_b^2) from what it reads (module docstring). A layer
+    reading an rms_norm (q = 1) or a product (q = q_u q_v) is q-preserving from that q; an activation
+    reading an rms_norm's output at q = 1 != q* is ``mixed`` (its local map is taken at q*)."""
     q_star = sols[0].q_star
     kinds = node_kinds(graph)
 
     def uniform(kind_set) -> bool:
         # one q among the parts: one kind, or the input next to Gaussian nodes when both are at q = 1
-        return len(kind_set) == 1 or (kind_set == {INPUT, GAUSS} and q_star == 1.0)
+        return not math.isnan(set_q(kind_set, q_star, sols))
+
+    def slots(kind_set) -> set:
+        out = set()
+        for k in kind_set:
+            if isinstance(k, int):
+                out.add(k)
+            elif isinstance(k, tuple):
+                out |= slots(k[1]) | slots(k[2])
+        return out
+
+    own_map = set()
+    for nd in graph.nodes:
+        if nd.kind in (NORM, PRODUCT):
+            for i in nd.inputs:
+                own_map |= slots(kinds[i])
 
     affine = [nd for nd in graph.nodes if nd.kind == AFFINE]
     # a function whose features a bias-less layer reads: EoC needs sigma_b^2 for V(q*) = q*, so
@@ -121,22 +171,25 @@ def plan_network(graph: NetworkGraph, sols: list[EOCSolution]) -> NetworkPlan:
         and not nd.attrs.get("bias", True)
     }
     layers, mixed = {}, []
+    for nd in graph.nodes:
+        if nd.kind == ACT and NORMED in kinds[nd.inputs[0]] and q_star != 1.0:
+            mixed.append(nd.index)
     for nd in affine:
         reads = kinds[nd.inputs[0]]
         (first,) = reads if len(reads) == 1 else (GAUSS,)
         if not uniform(reads):
             mixed.append(nd.index)
             layers[nd.index] = LayerPlan(1.0, 0.0, math.nan)
-        elif isinstance(first, int) and first not in no_bias:  # EoC's pair: V(q*) = q*, chi_1 = 1
+        elif isinstance(first, int) and first not in no_bias and first not in own_map:  # EoC's pair: V(q*) = q*
             s = sols[first]
             layers[nd.index] = LayerPlan(s.sigma_w2, s.sigma_b2, q_star)
         else:  # q-preserving: sigma_w^2 = q* / q_in, no bias
-            layers[nd.index] = LayerPlan(q_star / kind_q(first, q_star, sols), 0.0, q_star)
+            layers[nd.index] = LayerPlan(q_star / set_q(reads, q_star, sols), 0.0, q_star)
     out = kinds[graph.output]
     if not uniform(out):
         mixed.append(graph.output)
-    out_q = kind_q(next(iter(out)), q_star, sols) if uniform(out) else None
-    return NetworkPlan(layers, tuple(mixed), out, out_q, frozenset(no_bias))
+    out_q = set_q(out, q_star, sols) if uniform(out) else None
+    return NetworkPlan(layers, tuple(mixed), out, out_q, frozenset(no_bias), frozenset(own_map - no_bias))
 
 
 def c_map_layer(sol: EOCSolution, table, q_star: float, biased: bool = True):
@@ -154,7 +207,7 @@ def output_correlation(values: np.ndarray, plan: NetworkPlan, sols: list[EOCSolu
     """The global pass composes each activation with the layer reading it; where the output is
     function k's features themselves, undo that layer: c = (C q* - sigma_b^2) / (q* - sigma_b^2)."""
     (kind,) = plan.output_kind if len(plan.output_kind) == 1 else (GAUSS,)
-    if not isinstance(kind, int) or kind in plan.no_bias:  # (without the bias the pass ends at phi's own C map)
+    if not isinstance(kind, int) or kind in plan.own:  # (without the bias the pass ends at phi's own C map)
         return values
     s = sols[kind]
     return (values * s.q_star - s.sigma_b2) / (s.q_star - s.sigma_b2)
@@ -164,7 +217,7 @@ def global_c_map(program, plan: NetworkPlan, sols: list[EOCSolution], tables: li
     """The local maps (``c_map_layer`` per function) and the global C map at q* on ``grid`` with C(0)
     appended, composed over the program and its atoms (TAT paper section 2.3: sums atom by atom)."""
     q_star = sols[0].q_star
-    maps = [c_map_layer(s, t, q_star, k not in plan.no_bias) for k, (s, t) in enumerate(zip(sols, tables, strict=True))]
+    maps = [c_map_layer(s, t, q_star, k not in plan.own) for k, (s, t) in enumerate(zip(sols, tables, strict=True))]
     values = program.global_map(np.append(grid, 0.0), lambda c, slot: maps[slot](c))
     return maps, np.clip(output_correlation(values, plan, sols), -1.0, 1.0)
 

@@ -46,12 +46,21 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ...errors import SigpropError
 from ...schemas.ops import ACT, SOURCE
 from ...schemas.structure import StructureReport
 from ..graph.build import NetworkGraph
 from ..maps.qc_maps import leaky_relu_c_map_scalar, rectifier_k, tailored_c_map_complex
 from ..methods.roots import complex_step
-from .subnetworks import LocalMap, SubnetworkProgram, compile_subnetworks
+from .subnetworks import (
+    LocalMap,
+    Product,
+    SubnetworkProgram,
+    compile_subnetworks,
+    jet_product,
+    slope_product,
+    value_product,
+)
 
 # repeat(x, n): r applied n times, for an r that is the same at every slot (a faster or more
 # accurate form of the n-fold composition: ``HermiteCMap.iterate``, ``rectifier_chain_map``)
@@ -66,6 +75,9 @@ class NetworkProgram(ABC):
     faster, never differently beyond rounding."""
 
     regions: int  # the number of largest subnetworks, one per endpoint
+    # whether some node is a product (``mul``): the slope passes carry it by the product rule
+    # (``subnetworks.slope_product``, ``jet_product``), and mu_f^2 is no longer linear in C''(1)
+    has_products: bool = False
     depth: int  # the most nonlinear layers on a path from an input to the output
     output: int
     user_ids: tuple[str, ...]
@@ -77,17 +89,19 @@ class NetworkProgram(ABC):
         may use it in place of n calls of r)."""
 
     @abstractmethod
-    def candidate_values(self, x, r: LocalMap) -> list:
+    def candidate_values(self, x, r: LocalMap, product: Product = value_product) -> list:
         """The values M_{f,r}(x) is the maximum of (U_{g,r}(x) of the largest subnetworks g, less
         any that an implementation knows repeat another)."""
 
     @abstractmethod
-    def argmax(self, x: float, r: LocalMap) -> str:
+    def argmax(self, x: float, r: LocalMap, product: Product = value_product) -> str:
         """A readable name of the subnetwork that attains M_{f,r}(x)."""
 
-    def maximize(self, x, r: LocalMap):
-        """M_{f,r}(x); x may be a float, a complex number or a numpy array (elementwise)."""
-        found = self.candidate_values(x, r)
+    def maximize(self, x, r: LocalMap, product: Product = value_product):
+        """M_{f,r}(x); x may be a float, a complex number or a numpy array (elementwise). ``product``:
+        how a ``mul`` node combines its factors' values in this pass (the C map's own product by default)."""
+        # only a graph with products needs the rule (implementations without products take two arguments)
+        found = self.candidate_values(x, r, product) if self.has_products else self.candidate_values(x, r)
         if len(found) == 1:
             return found[0]
         # one reduction instead of a numpy call per endpoint (thousands on a ladder)
@@ -110,16 +124,29 @@ class NetworkProgram(ABC):
     def max_slope(self, s: float) -> float:
         """mu_f^1(s) = M_{f,r_1}(1), r_1(y) = s y: the maximal C'_g(1) over subnetworks g when every
         layer has C'(1) = s (Appendix B.1)."""
-        return float(self.maximize(1.0, lambda y, _slot: s * y))
+        return float(self.maximize(1.0, lambda y, _slot: s * y, slope_product))
 
     def max_slope_and_derivative(self, s: float) -> tuple[float, float]:
         """(mu_f^1(s), d mu_f^1 / ds), by the complex step through the pass."""
-        return complex_step(lambda z: self.maximize(1.0, lambda y, _slot: z * y), s)
+        return complex_step(lambda z: self.maximize(1.0, lambda y, _slot: z * y, slope_product), s)
 
     def curvature_multiplier(self) -> float:
         """kappa with mu_f^2(C''(1)) = kappa C''(1): M_{f,r_2}(0) with r_2(y) = 1 + y (Appendix
-        B.4 with C''(1) = 1 and C'(1) = 1)."""
+        B.4 with C''(1) = 1 and C'(1) = 1). Refused for a graph with a product: there a product of
+        two factors of slope 1 has C'(1) = 2 and C''(1) = C_u'' + 2 + C_v'', so mu_f^2 is not kappa C''(1)."""
+        self._no_products("TAT for smooth activations (target tau)")
         return float(self.maximize(0.0, lambda y, _slot: 1.0 + y))
+
+    def _no_products(self, what: str) -> None:
+        if self.has_products:
+            raise SigpropError(
+                "unsupported_structure",
+                f"{what} assumes C'(1) = 1 at every node, but the graph has a mul node: a product of two streams "
+                "has C'(1) = C_u'(1) + C_v'(1) (2 for two factors of slope 1), so the curvature recipe of TAT "
+                "Appendix B.4 does not apply",
+                "use method 'dks' (target zeta; its slope and curvature passes carry products exactly), TAT with "
+                "'leaky_relu' (target eta), or 'eoc'",
+            )
 
     def max_slope_and_curvature(self, local_slope, local_curv) -> np.ndarray:
         """(max_g C'_g(1), max_g C''_g(1)) over subnetworks g, for any local C'(1) and C''(1).
@@ -137,7 +164,8 @@ class NetworkProgram(ABC):
             s, k = slopes(slot), curvs(slot)
             return s * y + 1j * (k * y.real * y.real)
 
-        found = [complex(v) for v in self.candidate_values(complex(1.0, 0.0), layer)]
+        extra = (jet_product,) if self.has_products else ()
+        found = [complex(v) for v in self.candidate_values(complex(1.0, 0.0), layer, *extra)]
         return np.array([max(v.real for v in found), max(v.imag for v in found)])
 
     def c0_maximizer(self, a: float) -> str:
@@ -146,10 +174,12 @@ class NetworkProgram(ABC):
 
     def slope_maximizer(self, slopes: Sequence[float]) -> str:
         """The subnetwork that attains mu_f^1 with C'(1) = slopes[slot] per function slot."""
-        return self.argmax(1.0, lambda y, slot: slopes[slot] * y)
+        extra = (slope_product,) if self.has_products else ()
+        return self.argmax(1.0, lambda y, slot: slopes[slot] * y, *extra)
 
     def curvature_maximizer(self, curvs: Sequence[float]) -> str:
         """The subnetwork that attains mu_f^2 with C''(1) = curvs[slot] per function slot (C'(1) = 1)."""
+        self._no_products("TAT for smooth activations (target tau)")
         return self.argmax(0.0, lambda y, slot: curvs[slot] + y)
 
 
@@ -168,17 +198,18 @@ class GeneralProgram(NetworkProgram):
 
     def __init__(self, passes: SubnetworkProgram):
         self.passes = passes
+        self.has_products = passes.has_products
         self.regions, self.depth = passes.regions, passes.depth
         self.output, self.user_ids = passes.output, passes.user_ids
 
     def global_map(self, x, r: LocalMap, repeat: Repeat | None = None):
         return self.passes.global_map(x, r)
 
-    def candidate_values(self, x, r: LocalMap) -> list:
-        return self.passes.endpoint_values(x, r)
+    def candidate_values(self, x, r: LocalMap, product: Product = value_product) -> list:
+        return self.passes.endpoint_values(x, r, product)
 
-    def argmax(self, x: float, r: LocalMap) -> str:
-        return self.passes.argmax(x, r)
+    def argmax(self, x: float, r: LocalMap, product: Product = value_product) -> str:
+        return self.passes.argmax(x, r, product)
 
 
 class ChainProgram(NetworkProgram):
@@ -207,14 +238,14 @@ class ChainProgram(NetworkProgram):
             x = r(x, slot)
         return x
 
-    def candidate_values(self, x, r: LocalMap) -> list:
-        found = [x] if self.keeps_input else []
+    def candidate_values(self, x, r: LocalMap, product: Product = value_product) -> list:
+        found = [x] if self.keeps_input else []  # a chain has no product: ``product`` is never needed
         for slot in self.slots:
             x = r(x, slot)
             found.append(x)
         return found
 
-    def argmax(self, x: float, r: LocalMap) -> str:
+    def argmax(self, x: float, r: LocalMap, product: Product = value_product) -> str:
         vals, acts, k = [], dict(zip(self.acts, self.slots, strict=True)), x
         for node in range(1, len(self.user_ids)):
             if node in acts:

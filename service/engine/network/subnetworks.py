@@ -34,15 +34,35 @@ import numpy as np
 
 from ...errors import SigpropError
 from ...schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, PRODUCT, SOURCE, SUM
 from ...schemas.structure import StructureReport
 from ..graph.build import NetworkGraph
 
 # r(value, fn_slot) -> value: the local map standing in for each nonlinear layer, given the
 # index of the layer's activation function in ``NetworkGraph.activation_fns()``.
 LocalMap = Callable[[object, int], object]
+# product(value_u, value_v) -> value: what a pass carries through a ``mul`` node (kind ``product``)
+Product = Callable[[object, object], object]
 
-_OP_PASS, _OP_ACT, _OP_MIX = 0, 1, 2
+_OP_PASS, _OP_ACT, _OP_MIX, _OP_MUL = 0, 1, 2, 3
+
+
+def value_product(u, v):
+    """A product's C map from its factors' (independent atoms; ``schemas.atoms``): C = C_u C_v."""
+    return u * v
+
+
+def slope_product(u, v):
+    """A product's C'(1) from its factors' slopes at the fixed point 1 (C_u(1) = C_v(1) = 1):
+    (C_u C_v)'(1) = C_u'(1) + C_v'(1)."""
+    return u + v
+
+
+def jet_product(u, v):
+    """A product's (C'(1), C''(1)) pair carried as the complex number y1 + i y2 (``program``'s
+    ``max_slope_and_curvature``): (u1 + v1, u2 + 2 u1 v1 + v2), the product rule at C(1) = 1."""
+    return (u.real + v.real) + 1j * (u.imag + 2.0 * u.real * v.real + v.imag)
+
 
 # The passes M_{f,r} needs visit at most this many steps per node + edge (plus the floor): real
 # architectures need under one (ResNets, DenseNets, ladders: 0.3-0.9), while subnetworks nested
@@ -83,34 +103,40 @@ class SubnetworkProgram:
             object.__setattr__(self, "group_source", groups)  # a cache: the program's value is unchanged
         return groups
 
-    def global_map(self, x, r: LocalMap):
+    @property
+    def has_products(self) -> bool:
+        """Whether some node is a product (``mul``): its passes then need the pass's product rule."""
+        group = self.whole if self.whole is not None else self.groups[0]
+        return any(op == _OP_MUL for _, op, _, _ in group.steps)
+
+    def global_map(self, x, r: LocalMap, product: Product = value_product):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
-        vals = self._run(self.whole if self.whole is not None else self.groups[0], x, r)
+        vals = self._run(self.whole if self.whole is not None else self.groups[0], x, r, product)
         return vals[self.output]
 
-    def endpoint_values(self, x, r: LocalMap) -> list:
+    def endpoint_values(self, x, r: LocalMap, product: Product = value_product) -> list:
         """U_{g,r}(x) of every largest subnetwork g: what M_{f,r}(x) is the maximum of."""
         found = []
         for g in self.groups:
-            vals = self._run(g, x, r)
+            vals = self._run(g, x, r, product)
             found.extend(vals[t] for t in g.endpoints)
         return found
 
-    def maximize(self, x, r: LocalMap):
+    def maximize(self, x, r: LocalMap, product: Product = value_product):
         """M_{f,r}(x); x may be a float or a numpy array (evaluated elementwise)."""
-        found = self.endpoint_values(x, r)
+        found = self.endpoint_values(x, r, product)
         if len(found) == 1:
             return found[0]
         # one reduction instead of a numpy call per endpoint (thousands on a ladder); the same
         # maximum, elementwise for an array x
         return np.maximum.reduce(np.asarray(found))
 
-    def argmax(self, x: float, r: LocalMap) -> str:
+    def argmax(self, x: float, r: LocalMap, product: Product = value_product) -> str:
         """A readable name of the subnetwork that attains M_{f,r}(x)."""
-        whole = self._run(self.groups[0], x, r)  # group 0 is the whole network's: U_{f,r}(x) too
+        whole = self._run(self.groups[0], x, r, product)  # group 0 is the whole network's: U_{f,r}(x) too
         best, name = float(whole[self.output]), "the whole network"
         for i, g in enumerate(self.groups):
-            vals = whole if i == 0 else self._run(g, x, r)
+            vals = whole if i == 0 else self._run(g, x, r, product)
             for t in g.endpoints:
                 if vals[t] > best * (1 + 1e-12) + 1e-15:
                     best = vals[t]
@@ -125,7 +151,7 @@ class SubnetworkProgram:
         return name
 
     @staticmethod
-    def _run(group: _Group, x, r: LocalMap) -> dict:
+    def _run(group: _Group, x, r: LocalMap, product: Product = value_product) -> dict:
         vals: dict[int, object] = {}
         if group.start is not None:
             vals[group.start] = x
@@ -134,6 +160,8 @@ class SubnetworkProgram:
                 vals[node] = x if ins is None else vals[ins]
             elif op == _OP_ACT:
                 vals[node] = r(vals[ins], arg)
+            elif op == _OP_MUL:
+                vals[node] = product(vals[ins[0]], vals[ins[1]])
             else:
                 acc = 0.0
                 for i, coef in zip(ins, arg, strict=False):
@@ -263,6 +291,9 @@ STEP_RULES = {
     AFFINE: _pass_step,
     NORM: _pass_step,
     ATTENTION: _pass_step,
+    # the product of its factors' values, by the pass's product rule (``value_product``, ``slope_product``,
+    # ``jet_product``)
+    PRODUCT: lambda nodes, v, nd, fn_slot: (v, _OP_MUL, nd.inputs, None),
 }
 
 
@@ -297,7 +328,7 @@ def _shared_steps(nodes, members, start: int | None, report: StructureReport) ->
                 steps[v] = (v, _OP_MIX, tuple(acc), atom_coefficients(acc.values(), normalized=True))
             if private[v]:  # closed again: an atom for what follows, its value computed just above
                 exp[v] = {v: 1.0}
-        elif nd.kind == PASS:
+        elif nd.kind in (PASS, NORM):  # a norm at q = 1 (TAT, DKS) passes its input through
             exp[v] = exp[nd.inputs[0]]
         else:  # affine outputs, activations, concatenations, inputs, private sums: atoms
             exp[v] = {v: 1.0}

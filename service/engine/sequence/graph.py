@@ -8,9 +8,11 @@ U-SPA, Value-SkipInit) or shaped attention at infinite width, attention at initi
 fixed token-mixing matrix A, and the activations are transformed for the network of MLP blocks
 alone. ``scalar_view`` builds that network: each ``attention`` node becomes an ``identity`` reading
 its value node (the query and key dense nodes, read by the attention alone, go), and each
-``layer_norm`` an ``identity`` (per-token normalization changes neither q = 1 nor C at q = 1, which
-is where the kernel methods hold every stream). Node shapes drop the token axis, so every existing
-pass (structure report, network program, methods) reads the view as the vector network it is.
+``layer_norm`` or ``rms_norm`` an ``identity`` (per-token normalization changes neither q = 1 nor C at
+q = 1, which is where the kernel methods hold every stream; rms_norm does not centre, so it is that
+identity after an activation too). A ``mul`` stays: the view's passes carry its product rule. Node
+shapes drop the token axis, so every existing pass (structure report, network program, methods)
+reads the view as the vector network it is.
 The token mixing itself is ``token_program``'s business: the exact T x T propagation.
 
 Coverage (contract section 1): exact are dense, activation, attention whose query, key and value are
@@ -46,8 +48,12 @@ class SequenceView:
 
 
 def is_sequence_graph(graph: NetworkGraph) -> bool:
-    """Whether the graph carries token streams (a sequence input, attention or layer_norm)."""
-    return any(nd.attrs.get("sequence") or nd.kind in (ATTENTION, NORM) for nd in graph.nodes)
+    """Whether the graph carries token streams (a sequence input, attention, or a norm of a token
+    stream: rms_norm also normalizes [features] per example in dense graphs)."""
+    return any(
+        nd.attrs.get("sequence") or nd.kind == ATTENTION or (nd.kind == NORM and len(nd.shape) == 2)
+        for nd in graph.nodes
+    )
 
 
 def _unsupported(message: str, hint: str) -> SigpropError:

@@ -19,7 +19,10 @@ Shortcuts", arXiv:2302.10322, section 3; the per-op maps are ``token_kernels``')
   engine does (``subnetworks._shared_steps``); where no atom is shared this is the ``w_i^2`` rule of
   ``schemas.kernels``. ``sum_scales`` (the answer's, by node index) multiply a sum's weights, as the
   adapters do;
-- layer_norm: per-token centring and scaling (``token_kernels.layer_norm_token_kernel``);
+- layer_norm: per-token centring and scaling (``token_kernels.layer_norm_token_kernel``); rms_norm
+  (a norm whose row does not centre): scaling alone (``token_kernels.rms_norm_token_kernel``);
+- mul (kind product): the Hadamard product of its factors' kernels and of their means, a new atom
+  (the atom pass has checked that the factors' atoms are independent);
 - identity, dropout (evaluation mode), output: the value itself.
 
 The reduction the program's maximizations compare is the largest correlation between two distinct
@@ -36,9 +39,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM
 from ..graph.build import NetworkGraph
-from ..maps.token_kernels import dense_token_kernel, layer_norm_token_kernel
+from ..maps.token_kernels import (
+    dense_token_kernel,
+    layer_norm_token_kernel,
+    product_token_kernel,
+    rms_norm_token_kernel,
+)
 from ..network.program import WHOLE_NETWORK, NetworkProgram, Repeat
 
 __all__ = ["TokenValue", "TokenKernelProgram", "max_token_correlation"]
@@ -123,7 +131,17 @@ def _act(prog, nd, streams, atoms, start, r) -> Expansion:
 
 def _norm(prog, nd, streams, atoms, start, r) -> Expansion:
     u = _value(streams[nd.inputs[0]], atoms)
+    if not OP_TABLE[nd.op].centres:  # rms_norm: scaled, not centred; the mean scales with the features
+        k = rms_norm_token_kernel(u.kernel)
+        mean = None if u.mean is None else u.mean / np.sqrt(np.maximum(np.diag(u.kernel), 1e-300))
+        return _atom(atoms, nd.index, TokenValue(k, mean))
     return _atom(atoms, nd.index, TokenValue(layer_norm_token_kernel(u.kernel, u.mean)))
+
+
+def _product(prog, nd, streams, atoms, start, r) -> Expansion:
+    u, v = (_value(streams[i], atoms) for i in nd.inputs)
+    mean = None if u.mean is None or v.mean is None else u.mean * v.mean
+    return _atom(atoms, nd.index, TokenValue(product_token_kernel(u.kernel, v.kernel), mean))
 
 
 def _attention(prog, nd, streams, atoms, start, r) -> Expansion:
@@ -160,6 +178,7 @@ TOKEN_RULES = {
     SUM: _sum,
     PASS: _pass,
     CONCAT: _concat,
+    PRODUCT: _product,
 }
 
 
@@ -240,12 +259,12 @@ class TokenKernelProgram(NetworkProgram):
         """The output's token value for the input kernel ``x`` (or ``TokenValue``)."""
         return self._walk(x, r)
 
-    def candidate_values(self, x, r: TokenMap) -> list:
+    def candidate_values(self, x, r: TokenMap, product=None) -> list:
         found: list[float] = []
         self._walk(x, r, lambda _i, v: found.append(max_token_correlation(v.kernel)))
         return found
 
-    def argmax(self, x, r: TokenMap) -> str:
+    def argmax(self, x, r: TokenMap, product=None) -> str:
         best: list = [-np.inf, self.output]
 
         def visit(i: int, v: TokenValue) -> None:
