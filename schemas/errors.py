@@ -31,6 +31,8 @@ HTTP_STATUS = {
     "cache_unavailable": 503,
     "storage_full": 503,
     "method_not_allowed": 405,
+    "unsupported_media_type": 415,
+    "headers_too_large": 431,
 }
 
 

@@ -123,10 +123,11 @@ def cmd_serve(args) -> int:
         return 2
     from .api.auth import weak_keys
 
-    weak = weak_keys(settings.api_keys)
-    if weak:
-        print(f"sigprop serve: invalid settings: SIGPROP_API_KEYS: {weak}", file=sys.stderr)
-        return 2
+    for setting, keys in (("SIGPROP_API_KEYS", settings.api_keys), ("SIGPROP_ADMIN_KEYS", settings.admin_keys)):
+        weak = weak_keys(keys)
+        if weak:
+            print(f"sigprop serve: invalid settings: {setting}: {weak}", file=sys.stderr)
+            return 2
 
     taken = _address_taken(args.host, args.port)
     if taken:
@@ -141,7 +142,7 @@ def cmd_serve(args) -> int:
     trusted = ",".join(p.strip() for p in settings.trusted_proxies.split(",") if p.strip())
     if settings.metrics_port:
         try:
-            _serve_metrics(args.host, settings.metrics_port)
+            _serve_metrics(args.host, settings.metrics_port, settings)
         except OSError as exc:
             print(f"sigprop serve: cannot serve /metrics on port {settings.metrics_port}: {exc}", file=sys.stderr)
             return 2
@@ -161,7 +162,7 @@ def cmd_serve(args) -> int:
     )
     watcher.start()
     try:
-        _run_uvicorn(args, trusted)
+        _run_uvicorn(args, trusted, settings.max_header_bytes)
     finally:
         stop.set()
         watcher.join(5)
@@ -201,7 +202,7 @@ def _say(line: str) -> None:
         pass
 
 
-def _run_uvicorn(args, trusted: str) -> None:
+def _run_uvicorn(args, trusted: str, max_header_bytes: int) -> None:
     import uvicorn
 
     from .api.server import uvicorn_options
@@ -211,7 +212,8 @@ def _run_uvicorn(args, trusted: str) -> None:
         factory=True,
         host=args.host,
         port=args.port,
-        **uvicorn_options(args.workers),  # parser and event loop; the bench's bare app uses the same
+        # parser, event loop, no Server banner, h11's buffer bound; the bench's bare app uses the same
+        **uvicorn_options(args.workers, max_header_bytes),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=30,
@@ -271,16 +273,19 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _serve_metrics(host: str, port: int) -> None:
+def _serve_metrics(host: str, port: int, settings) -> None:
     """``/metrics`` on a port of its own, from this (the supervising) process: every worker's
-    metrics through the shared folder, or this process's own with one worker, which serves here."""
-    from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server
+    metrics through the shared folder, or this process's own with one worker, which serves here.
+    A uvicorn server with the API's deadlines, connection cap and header limit (api/server.py)."""
+    from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app, multiprocess
+
+    from .api.server import serve_metrics
 
     registry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-    start_http_server(port, addr=host, registry=registry)
+    serve_metrics(make_asgi_app(registry=registry), host, port, settings)
 
 
 def cmd_worker(args) -> int:

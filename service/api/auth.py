@@ -6,8 +6,13 @@ header), as HTTP Basic ``Authorization: Basic base64(anything:KEY)``: the user n
 the password is the key. A 401 on a ``/dashboard`` page (or ``/``, which redirects there) carries
 ``WWW-Authenticate: Basic`` so the browser asks for it; API paths challenge with ``Bearer``.
 
-Keys always protect writes that cost or destroy (validations, deletes); with
+Keys always protect writes that cost or destroy (validations, deletes) and, unless
+``SIGPROP_ANONYMOUS_STORED_READS`` says otherwise, the reads of stored submissions; with
 ``SIGPROP_KEYS_FOR_READS`` they also protect ``POST /v1/solve`` and every read.
+
+Tenants: a validation belongs to the key that submitted it (its ``tenant``, a digest prefix, never
+the key); another key is answered 404, as if it did not exist. Keys in ``SIGPROP_ADMIN_KEYS`` are
+API keys too, and may also cancel anyone's validation and delete cached solutions (``Viewer``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import hashlib
 import hmac
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -118,11 +124,11 @@ def weak_keys(keys_csv: str) -> str | None:
     return None
 
 
-def check_keys(keys_csv: str) -> None:
+def check_keys(keys_csv: str, setting: str = "SIGPROP_API_KEYS") -> None:
     """Raise ``WeakKeys`` (its message names the setting and the fix) when ``weak_keys`` objects."""
     weak = weak_keys(keys_csv)
     if weak:
-        raise WeakKeys(f"SIGPROP_API_KEYS: {weak}")
+        raise WeakKeys(f"{setting}: {weak}")
 
 
 class KeyChecker:
@@ -135,8 +141,10 @@ class KeyChecker:
     stays bounded by the keys' strength (``weak_keys`` refuses fewer than ``MIN_KEY_BITS``), and a
     client over the limit is told to back off with Retry-After instead of learning a 403."""
 
-    def __init__(self, keys_csv: str, failures=None):
-        self._digests = [digest(k.strip()) for k in keys_csv.split(",") if k.strip()]
+    def __init__(self, keys_csv: str, failures=None, admin_csv: str = ""):
+        admins = [digest(k.strip()) for k in admin_csv.split(",") if k.strip()]
+        self._digests = [digest(k.strip()) for k in keys_csv.split(",") if k.strip()] + admins
+        self._admins = frozenset(admins)
         self.failures = failures if failures is not None and failures.enabled else None
 
     @property
@@ -157,6 +165,13 @@ class KeyChecker:
         if not isinstance(key, str) or not self._matches(key):
             return None
         return digest(key).hex()
+
+    def viewer(self, request: Request) -> Viewer:
+        """Who is asking, for what the tenant rules show them (never raises)."""
+        keyed = self.valid_key_digest(request)
+        if keyed is None:
+            return Viewer(None, False, self.configured)
+        return Viewer(tenant_of(keyed), bytes.fromhex(keyed) in self._admins, True)
 
     def has_valid_key(self, request: Request) -> bool:
         """Whether the request carries one of our keys (never raises): what decides whether a
@@ -186,6 +201,46 @@ class KeyChecker:
             await run_in_threadpool(self.failures.check, address)  # 429 once over the limit
         raise SigpropError(
             "forbidden", "the API key is not valid here", "use a key listed in the server's SIGPROP_API_KEYS"
+        )
+
+
+def tenant_of(key_digest_hex: str) -> str:
+    """A key's tenant id, as records store it: a prefix of its digest (the rate limits' identity)."""
+    return f"key:{key_digest_hex[:32]}"
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """The caller as the tenant rules see it: its tenant (None without a valid key), whether its
+    key is an admin key, and whether the server has keys at all (without keys nothing is owned)."""
+
+    tenant: str | None
+    admin: bool = False
+    keys_configured: bool = True
+
+    @property
+    def full(self) -> bool:
+        """Sees error texts and dataset names (any valid key, or a server without keys)."""
+        return self.tenant is not None
+
+    def may_see(self, owner: str | None) -> bool:
+        """Whether a record submitted by ``owner`` exists for this caller (else: 404)."""
+        if not self.keys_configured or self.admin:
+            return True
+        return owner is not None and owner == self.tenant
+
+
+# internal callers (the worker side, tests of the logic): every record, unredacted
+EVERYONE = Viewer("internal", admin=True, keys_configured=False)
+
+
+async def require_admin(request: Request) -> None:  # async: inline, no thread
+    """403 unless the request carries an admin key (``SIGPROP_ADMIN_KEYS``); call after the key check."""
+    if not request.app.state.keys.viewer(request).admin:
+        raise SigpropError(
+            "forbidden",
+            "this needs an admin key",
+            "use a key listed in the server's SIGPROP_ADMIN_KEYS (cached solutions are shared by every key)",
         )
 
 

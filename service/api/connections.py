@@ -17,10 +17,20 @@ descriptors, so that even ``/healthz`` goes unanswered (issue 26). The HTTP prot
 
 A deadline or a cap closes the transport without an answer (as nginx does for a header timeout
 past which it closes too): a client that stalls has shown it is not reading one.
+
+- a header-size limit (``SIGPROP_MAX_HEADER_BYTES``): a request whose line and headers pass it
+  while still arriving gets 431 ``headers_too_large`` and the connection closes, so a client never
+  makes the parser buffer more than the limit and one read (eight 150 MB header blocks grew an API
+  process by 1.15 GB). Counted per read, a header block is refused within one read (at most
+  256 KiB) past the limit.
+
+The metrics port (``sigprop serve`` with ``SIGPROP_METRICS_PORT``) runs the same protocol classes
+with a guard of its own (``server.metrics_protocol``): the same deadlines, cap and header limit.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 from dataclasses import dataclass, field
 
@@ -51,7 +61,10 @@ class ConnectionGuard:
     body_timeout_s: float
     open: dict = field(default_factory=dict)  # protocol -> None: an insertion-ordered set
     reading: dict = field(default_factory=dict)  # protocol -> None, by when its request began
-    shed: dict = field(default_factory=lambda: {"header_timeout": 0, "body_timeout": 0, "cap": 0})
+    max_header_bytes: int = 65_536
+    shed: dict = field(
+        default_factory=lambda: {"header_timeout": 0, "body_timeout": 0, "cap": 0, "headers_too_large": 0}
+    )
 
     def admit(self, conn) -> bool:
         """Register ``conn``; at the cap, first close the slowest connection (False: none can go,
@@ -80,17 +93,26 @@ class ConnectionGuard:
 _GUARD: ConnectionGuard | None = None
 
 
+def guard_from_settings(settings=None) -> ConnectionGuard:
+    """A guard with the settings' deadlines, cap and header limit."""
+    if settings is None:
+        from ..settings import get_settings
+
+        settings = get_settings()
+    return ConnectionGuard(
+        connection_cap(settings.max_connections),
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+    )
+
+
 def guard() -> ConnectionGuard:
     """This process's guard, from the settings at its first connection (every uvicorn worker is a
     process of its own and builds its own)."""
     global _GUARD
     if _GUARD is None:
-        from ..settings import get_settings
-
-        settings = get_settings()
-        _GUARD = ConnectionGuard(
-            connection_cap(settings.max_connections), settings.header_timeout_s, settings.body_timeout_s
-        )
+        _GUARD = guard_from_settings()
     return _GUARD
 
 
@@ -113,18 +135,51 @@ class GuardedConnection:
 
     _deadline = None  # the loop's TimerHandle while a request is arriving
     _phase = "idle"  # idle (no request arriving), headers, body
+    _header_bytes = 0  # bytes read since the request began, while its headers are still arriving
+
+    def _guard(self) -> ConnectionGuard:
+        """The guard this connection answers to: the process's (the metrics port has its own)."""
+        return guard()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if not guard().admit(self):
+        if not self._guard().admit(self):
             transport.close()
             return
         self._request_began()
 
     def connection_lost(self, exc) -> None:
         self._cancel_deadline()
-        guard().forget(self)
+        self._guard().forget(self)
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase != "body":
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if self._phase != "headers":
+            self._header_bytes = 0
+        elif self._header_bytes > self._guard().max_header_bytes and not self.transport.is_closing():
+            self._headers_too_large()
+
+    def _headers_too_large(self) -> None:
+        """431 with the contract's error, then close: the parser never buffers more."""
+        limit = self._guard().max_header_bytes
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "headers_too_large",
+                    "message": f"the request line and headers exceed {limit} bytes",
+                    "hint": "send fewer or shorter headers (cookies, tokens); the limit is SIGPROP_MAX_HEADER_BYTES",
+                }
+            }
+        ).encode()
+        head = (
+            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nx-content-type-options: nosniff\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode() + body)
+        self._guard().drop(self, "headers_too_large")
 
     # -- what the guard asks of a connection --------------------------------------------------
 
@@ -145,19 +200,19 @@ class GuardedConnection:
         if self._phase != "idle":
             return
         self._phase = "headers"
-        guard().reading[self] = None
-        self._arm(guard().header_timeout_s, "header_timeout")
+        self._guard().reading[self] = None
+        self._arm(self._guard().header_timeout_s, "header_timeout")
 
     def _headers_done(self) -> None:
         if self._phase == "headers":
             self._phase = "body"
-            self._arm(guard().body_timeout_s, "body_timeout")
+            self._arm(self._guard().body_timeout_s, "body_timeout")
 
     def _request_done(self) -> None:
         if self._phase != "idle":
             self._phase = "idle"
             self._cancel_deadline()
-            guard().reading.pop(self, None)
+            self._guard().reading.pop(self, None)
 
     def _arm(self, seconds: float, reason: str) -> None:
         self._cancel_deadline()
@@ -166,7 +221,7 @@ class GuardedConnection:
     def _expired(self, reason: str) -> None:
         self._deadline = None
         if self._phase != "idle":
-            guard().drop(self, reason)
+            self._guard().drop(self, reason)
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:

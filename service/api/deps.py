@@ -31,6 +31,7 @@ __all__ = [
     "open_access",
     "read_access",
     "require_key",
+    "stored_read_access",
 ]
 
 
@@ -155,6 +156,15 @@ def read_access(keys_for_reads: bool) -> Callable:
     ``SIGPROP_KEYS_FOR_READS`` (FastAPI runs a dependency once per request, so a route that needs
     the key anyway checks it once), else open access."""
     return require_key if keys_for_reads else open_access
+
+
+def stored_read_access(settings, keys_configured: bool) -> Callable:
+    """The dependency guarding reads of stored submissions (solutions with their requests and
+    graphs, validations, the dashboard): :func:`require_key` whenever keys are configured, unless
+    ``SIGPROP_ANONYMOUS_STORED_READS`` opens them (``SIGPROP_KEYS_FOR_READS`` still wins)."""
+    if settings.keys_for_reads or (keys_configured and not settings.anonymous_stored_reads):
+        return require_key
+    return open_access
 
 
 async def client_id(request: Request) -> str:  # async: no I/O, so inline rather than in a thread

@@ -6,19 +6,24 @@ asyncio only enables TCP_NODELAY on sockets created with IPPROTO_TCP; Nagle's al
 every keep-alive response until the client's delayed ACK, about 40 ms (uvicorn issue #3149).
 Setting the option on each accepted connection restores sub-millisecond responses.
 
-Each connection also gets the header and body deadlines and the connection cap of
-``connections.py``: uvicorn has neither.
+Each connection also gets the header and body deadlines, the connection cap and the header-size
+limit of ``connections.py``: uvicorn has none of them. No response says ``Server: uvicorn``.
+
+The metrics port is a uvicorn server too (``serve_metrics``), with the same protocol classes and a
+guard of its own: prometheus_client's ``start_http_server`` ran a thread per connection with no
+deadline, and 1,000 half-open connections grew it to 997 threads and 300% CPU for minutes.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import socket
+import threading
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .connections import GuardedConnection
+from .connections import ConnectionGuard, GuardedConnection, guard_from_settings
 
 
 def _no_delay(transport) -> None:
@@ -118,7 +123,77 @@ def http_protocol() -> type:
     return NoDelayHttpToolsProtocol if NoDelayHttpToolsProtocol is not None else NoDelayH11Protocol
 
 
-def uvicorn_options(workers: int) -> dict:
-    """The uvicorn.run options of ``sigprop serve`` that decide its speed: the parser and the event
-    loop (uvloop, from ``uvicorn[standard]``, else asyncio's)."""
-    return {"workers": workers, "http": http_protocol(), "loop": "uvloop" if _installed("uvloop") else "asyncio"}
+# h11 refuses an incomplete request past its own buffer bound with a 400; past ours plus one read,
+# so that connections.py answers first, with 431
+_H11_SLACK = 512 * 1024
+
+
+def uvicorn_options(workers: int, max_header_bytes: int = 65_536) -> dict:
+    """The uvicorn.run options of ``sigprop serve``: the parser and the event loop (uvloop, from
+    ``uvicorn[standard]``, else asyncio's) that decide its speed, and no ``Server`` banner."""
+    return {
+        "workers": workers,
+        "http": http_protocol(),
+        "loop": "uvloop" if _installed("uvloop") else "asyncio",
+        "server_header": False,
+        "h11_max_incomplete_event_size": max_header_bytes + _H11_SLACK,
+    }
+
+
+# -- the metrics port ------------------------------------------------------------------------------
+
+_METRICS_GUARD: ConnectionGuard | None = None
+
+
+def _metrics_guard() -> ConnectionGuard:
+    global _METRICS_GUARD
+    if _METRICS_GUARD is None:
+        _METRICS_GUARD = guard_from_settings()
+    return _METRICS_GUARD
+
+
+class MetricsH11Protocol(NoDelayH11Protocol):
+    def _guard(self) -> ConnectionGuard:
+        return _metrics_guard()
+
+
+if NoDelayHttpToolsProtocol is not None:
+
+    class MetricsHttpToolsProtocol(NoDelayHttpToolsProtocol):
+        def _guard(self) -> ConnectionGuard:
+            return _metrics_guard()
+
+else:
+    MetricsHttpToolsProtocol = None
+
+
+def metrics_protocol() -> type:
+    """``http_protocol()`` answering to the metrics port's own guard (its own cap and counts)."""
+    return MetricsHttpToolsProtocol if MetricsHttpToolsProtocol is not None else MetricsH11Protocol
+
+
+def serve_metrics(app, host: str, port: int, settings) -> threading.Thread:
+    """Serve ``app`` (Prometheus' ASGI app) on ``host:port`` from a daemon thread with its own event
+    loop, under the API's deadlines, connection cap and header limit. Binds before it returns:
+    OSError when the port cannot be had."""
+    import uvicorn
+
+    global _METRICS_GUARD
+    _METRICS_GUARD = guard_from_settings(settings)
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    config = uvicorn.Config(
+        app,
+        http=metrics_protocol(),
+        loop="asyncio",
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=settings.max_header_bytes + _H11_SLACK,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="sigprop-metrics", daemon=True)
+    thread.start()
+    return thread

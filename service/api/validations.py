@@ -40,9 +40,11 @@ from ..storage import (
     write_refused,
 )
 from ..worker.charlm_plan import plan_charlm
+from ..worker.classify_plan import plan_classify
 from ..worker.dataset_policy import DatasetPolicy, graph_input_shape
 from ..worker.local import LocalRunner
 from ..worker.queue import RedisQueue
+from .auth import EVERYONE, Viewer
 from .observability import STORAGE
 from .solutions import SolutionService
 
@@ -87,6 +89,9 @@ def _not_found(vid: str) -> SigpropError:
     return SigpropError("not_found", f"no validation has id {vid}", "list validations with GET /v1/validations")
 
 
+# the submitting key's tenant (auth.tenant_of), kept in the stored request and never shown: the
+# stores' create() takes the request as it is, so ownership needs no new field in either store
+OWNER = "submitted_by"
 HIDDEN_ERROR = "(hidden: send an API key to see this validation's error)"
 HIDDEN_DATASET = "(an .npz file)"
 
@@ -194,13 +199,17 @@ class Validations:
         if req.task == "charlm":
             plan_charlm(request, graph)  # a transformer graph, within the cost bounds: refused now
             payload["solve_request"] = solve_request  # the shortcuts arm is solved with the same fields
+        else:
+            plan_classify(request, graph)  # its training work and memory, within bounds: refused now
         return key, request, payload
 
-    def submit(self, prepared: tuple[str, dict, dict]) -> dict:
+    def submit(self, prepared: tuple[str, dict, dict], tenant: str | None = None) -> dict:
+        """Create and enqueue; the record belongs to ``tenant`` (the submitting key's, auth.Viewer)."""
         key, request, payload = prepared
         vid = uuid.uuid4().hex
         trimmed = getattr(self.store, "trimmed", 0)
-        self._guard(self.store.create, vid, key, request, time.time(), os.getpid() if self.local else None)
+        stored = {**request, OWNER: tenant} if tenant is not None else request
+        self._guard(self.store.create, vid, key, stored, time.time(), os.getpid() if self.local else None)
         if getattr(self.store, "trimmed", 0) > trimmed:  # retention removed old final validations
             STORAGE.labels("evicted_validations").inc(self.store.trimmed - trimmed)
         try:
@@ -226,12 +235,10 @@ class Validations:
             raise _unavailable(exc) from None
         return {"id": vid, "status": "queued"}
 
-    def get(self, vid: str, full: bool = False) -> dict:
-        """The record of ``vid``; ``full`` (the caller has an API key): with its error text and
-        dataset name, else as :func:`redact` shows it."""
-        rec = self._guard(self.store.get, vid)
-        if rec is None:
-            raise _not_found(vid)
+    def get(self, vid: str, viewer: Viewer = EVERYONE) -> dict:
+        """The record of ``vid`` as ``viewer`` may see it: 404 unless it is theirs (or an admin's
+        view); with a key, with its error text and dataset name, else as :func:`redact` shows it."""
+        rec = self._owned(vid, viewer)
         if rec["status"] in ACTIVE:
             outcome = self._guard(self.queue.outcome, vid)
             if outcome is not None:  # the queue ended it and no callback recorded that: reflect it
@@ -240,34 +247,78 @@ class Validations:
                     self._guard(self.store.record_failure, vid, reason, False)
                 else:
                     self._guard(self.store.mark_cancelled, vid, f"stopped by its worker ({status})")
-                rec = self._guard(self.store.get, vid)
-        return rec if full else redact(rec)
+                rec = self._owned(vid, viewer)
+        return _shown(rec, viewer)
 
-    def list(self, offset: int, limit: int, full: bool = False) -> dict:
+    def _owned(self, vid: str, viewer: Viewer) -> dict:
+        rec = self._guard(self.store.get, vid)
+        if rec is None or not viewer.may_see(_owner(rec)):
+            raise _not_found(vid)  # someone else's: answered as missing, never 403
+        return rec
+
+    def _visible(self, items: list[dict], viewer: Viewer) -> list[dict]:
+        """The summaries ``viewer`` may see. Summaries carry no owner, so a non-admin's page reads
+        each record (at most the page's ``limit``, 500) until the stores index owners."""
+        if viewer.may_see(None):  # admin, or no keys: everything
+            return items
+        if viewer.tenant is None:
+            return []
+        mine = []
+        for item in items:
+            rec = self._guard(self.store.get, item["id"])
+            if rec is not None and viewer.may_see(_owner(rec)):
+                mine.append(item)
+        return mine
+
+    def list(self, offset: int, limit: int, viewer: Viewer = EVERYONE) -> dict:
+        """One page of the newest-first index, with only ``viewer``'s validations in it: ``total``
+        counts the index (every tenant's), so paging by offset walks it whole."""
         total, items = self._guard(self.store.list, offset, limit)
+        items = self._visible(items, viewer)
         return {
             "total": total,
             "offset": offset,
             "limit": limit,
-            "items": items if full else [redact(i) for i in items],
+            "items": items if viewer.full else [redact(i) for i in items],
         }
 
-    def list_for_key(self, key: str, limit: int = 50, full: bool = False) -> dict:
-        """The validations of one stored solution, newest first (an index by solution key)."""
+    def list_for_key(self, key: str, limit: int = 50, viewer: Viewer = EVERYONE) -> dict:
+        """The validations of one stored solution, newest first (an index by solution key), those
+        ``viewer`` may see."""
         total, items = self._guard(self.store.list_for_key, key, limit)
-        return {"total": total, "key": key, "limit": limit, "items": items if full else [redact(i) for i in items]}
+        items = self._visible(items, viewer)
+        if not viewer.may_see(None):
+            total = len(items)
+        shown = items if viewer.full else [redact(i) for i in items]
+        return {"total": total, "key": key, "limit": limit, "items": shown}
 
-    def cancel(self, vid: str) -> tuple[int, dict]:
+    def cancel(self, vid: str, viewer: Viewer = EVERYONE) -> tuple[int, dict]:
+        """Cancel ``vid`` for its owner or an admin (404 for anyone else)."""
+        self._owned(vid, viewer)
         before = self._guard(self.store.request_cancel, vid, time.time())
         if before is None:
             raise _not_found(vid)
         if before == "queued":  # cancelled now: take it off the queue too
             self._guard(self.queue.cancel, vid)
-        return (202 if before == "running" else 200), self.get(vid, full=True)
+        return (202 if before == "running" else 200), self.get(vid, viewer)
 
     def close(self) -> None:
         self.queue.close()
         self.store.close()
+
+
+def _owner(rec: dict) -> str | None:
+    req = rec.get("request")
+    owner = req.get(OWNER) if isinstance(req, dict) else None
+    return owner if isinstance(owner, str) else None
+
+
+def _shown(rec: dict, viewer: Viewer) -> dict:
+    """``rec`` without its owner, and redacted for a caller without a key."""
+    req = rec.get("request")
+    if isinstance(req, dict) and OWNER in req:
+        rec = {**rec, "request": {k: v for k, v in req.items() if k != OWNER}}
+    return rec if viewer.full else redact(rec)
 
 
 def make_validations(settings, solutions: SolutionService) -> Validations:

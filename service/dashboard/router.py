@@ -62,6 +62,11 @@ def has_valid_key(request: Request) -> bool:
     return request.app.state.keys.has_valid_key(request)
 
 
+def viewer(request: Request):
+    """The caller as the tenant rules see it (``api.auth.Viewer``): validations are its own only."""
+    return request.app.state.keys.viewer(request)
+
+
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PAGE_SIZES = (25, 50, 100, 200)
@@ -245,7 +250,7 @@ def solution_page(request: Request, key: str):
             return pages().not_found(request, "solution")
         raise
     try:
-        found = request.app.state.validations.list_for_key(key, VALIDATIONS_SHOWN, has_valid_key(request))
+        found = request.app.state.validations.list_for_key(key, VALIDATIONS_SHOWN, viewer(request))
     except SigpropError as exc:  # the validation store is down: the solution is still worth showing
         found = {"total": 0, "items": [], "error": exc.message}
     return pages().record_page(
@@ -263,7 +268,7 @@ def solution_page(request: Request, key: str):
 def validation_progress(request: Request, vid: str):
     if not ID_PATTERN.match(vid):
         raise SigpropError("not_found", f"no validation has id {vid[:64]}", "list validations with GET /v1/validations")
-    return views.progress_view(request.app.state.validations.get(vid, has_valid_key(request)))
+    return views.progress_view(request.app.state.validations.get(vid, viewer(request)))
 
 
 @router.get("/dashboard/validations/{vid}")
@@ -271,7 +276,7 @@ def validation_page(request: Request, vid: str):
     if not ID_PATTERN.match(vid):
         return pages().not_found(request, "validation")
     try:
-        job = request.app.state.validations.get(vid, has_valid_key(request))
+        job = request.app.state.validations.get(vid, viewer(request))
     except SigpropError as exc:
         if exc.code == "not_found":
             return pages().not_found(request, "validation")

@@ -7,5 +7,7 @@ from . import health, solutions, solve, templates, validations
 
 # the /v1 resources, in the order their routes are matched and documented
 V1_ROUTERS = (solve.router, solutions.router, templates.router, validations.router)
+# the routes that read stored submissions (auth: a key unless SIGPROP_ANONYMOUS_STORED_READS)
+STORED_ROUTERS = (solutions.router, validations.router)
 
-__all__ = ["V1_ROUTERS", "health", "solutions", "solve", "templates", "validations"]
+__all__ = ["STORED_ROUTERS", "V1_ROUTERS", "health", "solutions", "solve", "templates", "validations"]

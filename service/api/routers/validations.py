@@ -1,5 +1,6 @@
 """``/v1/validations`` (contract section 4): submit (key required, rate-limited), follow, list and
-cancel (key required) validation trainings; the logic is ``api.validations.Validations``."""
+cancel (key required) validation trainings; the logic is ``api.validations.Validations``. A
+validation belongs to the key that submitted it: any other key (an admin key aside) gets 404."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel
 
 from ...schemas.validation import ValidationJob, ValidationRequest, ValidationSummary
-from ..auth import has_valid_key
 from ..deps import Client, Run, ValidationsService, count_validation, require_key
 from ..openapi import ERRORS, LIMITED, request_body
 
@@ -41,7 +41,7 @@ async def submit_validation(
     request: Request, response: Response, validations: ValidationsService, run: Run, client: Client
 ):
     prepared = await run(validations.prepare, await request.body(), client)
-    out = await run(validations.submit, prepared)
+    out = await run(validations.submit, prepared, request.app.state.keys.viewer(request).tenant)
     response.headers["Location"] = f"/v1/validations/{out['id']}"
     return out
 
@@ -54,13 +54,13 @@ async def list_validations(
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ):
-    return await run(validations.list, offset, limit, has_valid_key(request))
+    return await run(validations.list, offset, limit, request.app.state.keys.viewer(request))
 
 
 @router.get("/{vid}", response_model=ValidationJob, responses=ERRORS)
 async def get_validation(request: Request, vid: ValidationId, validations: ValidationsService, run: Run):
-    """Without an API key the error text and an .npz dataset's name are hidden."""
-    return await run(validations.get, vid, has_valid_key(request))
+    """404 unless the caller's key submitted it (or is an admin key)."""
+    return await run(validations.get, vid, request.app.state.keys.viewer(request))
 
 
 @router.delete(
@@ -69,7 +69,9 @@ async def get_validation(request: Request, vid: ValidationId, validations: Valid
     responses={**ERRORS, 202: {"model": ValidationJob}},
     dependencies=[Depends(require_key)],
 )
-async def cancel_validation(vid: ValidationId, response: Response, validations: ValidationsService, run: Run):
-    status, job = await run(validations.cancel, vid)
+async def cancel_validation(
+    request: Request, vid: ValidationId, response: Response, validations: ValidationsService, run: Run
+):
+    status, job = await run(validations.cancel, vid, request.app.state.keys.viewer(request))
     response.status_code = status
     return job

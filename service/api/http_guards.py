@@ -1,0 +1,73 @@
+"""Two HTTP rules every API response follows, as pure ASGI middleware (no per-request task):
+
+- a request with a body to a JSON route (``POST``/``PUT``/``PATCH`` under ``/v1/``) must say
+  ``Content-Type: application/json``, else 415 ``unsupported_media_type`` before anything reads
+  it. A browser sends ``text/plain``, form or multipart bodies across origins without asking (a
+  "simple" request), but ``application/json`` only after a CORS preflight this service never
+  grants: so a page on another origin cannot make a signed-in user's browser submit work (CSRF);
+- every response says ``X-Content-Type-Options: nosniff``, so a browser never runs a stored answer
+  or an error that echoes input as anything but its declared type.
+"""
+
+from __future__ import annotations
+
+import json
+
+JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
+JSON_PREFIX = "/v1/"
+NOSNIFF = (b"x-content-type-options", b"nosniff")
+
+
+def is_json(content_type: bytes | None) -> bool:
+    """Whether a Content-Type header names ``application/json`` (parameters such as charset allowed)."""
+    if not content_type:
+        return False
+    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
+def _unsupported(content_type: bytes | None) -> bytes:
+    given = content_type.decode("latin-1")[:100] if content_type else "none"
+    return json.dumps(
+        {
+            "error": {
+                "code": "unsupported_media_type",
+                "message": f"this endpoint takes a JSON body; the request's Content-Type is {given}",
+                "hint": "send the body with the header 'Content-Type: application/json'",
+            }
+        }
+    ).encode()
+
+
+class HttpGuardsMiddleware:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if scope["method"] in JSON_METHODS and scope["path"].startswith(JSON_PREFIX):
+            content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
+            if not is_json(content_type):
+                body = _unsupported(content_type)
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 415,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            NOSNIFF,
+                        ],
+                    }
+                )
+                return await send({"type": "http.response.body", "body": body})
+
+        async def with_nosniff(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                if not any(k.lower() == NOSNIFF[0] for k, _ in headers):
+                    headers.append(NOSNIFF)
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return await self.app(scope, receive, with_nosniff)
