@@ -160,6 +160,15 @@ class Settings(NodeLimit):
         default="",
         description="comma-separated API keys for writes that cost or destroy (deletes, validations), and with keys_for_reads for everything but the probes; kept only as SHA-256 digests",
     )
+    admin_keys: str = Field(
+        default="",
+        repr=False,
+        description="comma-separated admin keys: API keys that may also cancel any key's validation and delete cached solutions (shared by every key); kept only as SHA-256 digests",
+    )
+    anonymous_stored_reads: bool = Field(
+        default=False,
+        description="with API keys configured, let requests without a key read stored solutions (their requests and graphs) and the dashboard; validations are only ever shown to the key that submitted them and admin keys",
+    )
     keys_for_reads: bool = Field(
         default=False,
         description="also require a key for POST /v1/solve and every read (solutions, validations, templates, dashboard); /healthz, /readyz, /metrics stay open",
@@ -240,6 +249,11 @@ class Settings(NodeLimit):
         gt=0,
         description="a request's headers must arrive within this many seconds of the connection (or of the request's first byte on a kept-alive one), else the connection is closed",
     )
+    max_header_bytes: int = Field(
+        default=65_536,
+        ge=1_024,
+        description="largest request line and header block (API and metrics ports); over it: 431 headers_too_large and the connection is closed",
+    )
     body_timeout_s: float = Field(
         default=15.0,
         gt=0,
@@ -280,7 +294,7 @@ class Settings(NodeLimit):
 
     @model_validator(mode="after")
     def _keys_for_reads_needs_keys(self):
-        if self.keys_for_reads and not [k for k in self.api_keys.split(",") if k.strip()]:
+        if self.keys_for_reads and not [k for k in f"{self.api_keys},{self.admin_keys}".split(",") if k.strip()]:
             raise ValueError(
                 "SIGPROP_KEYS_FOR_READS is true but SIGPROP_API_KEYS is empty: every request would be "
                 "refused. Set SIGPROP_API_KEYS (comma-separated keys) or SIGPROP_KEYS_FOR_READS=false"

@@ -23,16 +23,17 @@ from ..settings import Settings, get_settings
 from ..storage import make_cache
 from .auth import KeyChecker, check_keys
 from .coldpool import SolverPool
-from .deps import Offload, read_access
+from .deps import Offload, read_access, stored_read_access
 from .exposure import ClosedSurfacesMiddleware, closed_paths
 from .handlers import install_error_handlers
+from .http_guards import HttpGuardsMiddleware
 from .inline_lane import InlineLane
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
 from .probe_state import ProbeState
 from .proxies import apply_proxy_trust
 from .ratelimit import make_limits
-from .routers import V1_ROUTERS, health
+from .routers import STORED_ROUTERS, V1_ROUTERS, health
 from .serve_ready import READY, SOLVERS, report
 from .solutions import SolutionService
 from .solve_fastpath import SolveFastPath
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     logger = configure_logging(settings.log_level)
     # here, not in `sigprop serve`: `uvicorn --factory sigprop.api.app:create_app` builds the app too
     check_keys(settings.api_keys)  # WeakKeys: no server with a guessable key
+    check_keys(settings.admin_keys, "SIGPROP_ADMIN_KEYS")
     apply_proxy_trust(settings.trusted_proxies)  # before uvicorn wraps the app in its proxy headers
     app = FastAPI(
         title="sigprop",
@@ -104,7 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     state = app.state
     state.settings = settings
     state.limits = make_limits(settings)
-    state.keys = KeyChecker(settings.api_keys, failures=state.limits.failed_auth)
+    state.keys = KeyChecker(settings.api_keys, failures=state.limits.failed_auth, admin_csv=settings.admin_keys)
     state.cache = make_cache(settings)
     cold = state.limits.cold_solves
     state.solutions = SolutionService(
@@ -136,9 +138,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     install_error_handlers(app)
     read = [Depends(read_access(settings.keys_for_reads))]
+    # stored submissions (solutions with their requests and graphs, validations, the dashboard that
+    # shows them): a key whenever keys are configured, unless SIGPROP_ANONYMOUS_STORED_READS
+    stored = [Depends(stored_read_access(settings, state.keys.configured))]
     for router in V1_ROUTERS:
-        app.include_router(router, dependencies=read)
-    app.include_router(dashboard_router, dependencies=read)
+        app.include_router(router, dependencies=stored if router in STORED_ROUTERS else read)
+    app.include_router(dashboard_router, dependencies=stored)
     app.include_router(health.router)
     install_openapi(app)
     # innermost of ours: hits it answers are still size-limited, logged and counted
@@ -146,4 +151,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(ClosedSurfacesMiddleware, closed=closed_paths(settings))  # docs, dashboard, metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, logger=logger)
+    app.add_middleware(HttpGuardsMiddleware)  # outermost: 415 before anything reads; nosniff on every answer
     return app

@@ -1,5 +1,6 @@
-"""``/v1/solutions``: the stored solutions, newest first; one with its request; deleting one (key
-required)."""
+"""``/v1/solutions``: the stored solutions, newest first; one with its request; deleting one (admin
+key required). Solutions are content-addressed and shared: the same request is the same key for
+every caller, so none owns one, and only an admin key (``SIGPROP_ADMIN_KEYS``) may delete one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
+from ..auth import require_admin
 from ..deps import Run, Solutions, require_key
 from ..openapi import ERRORS
 
@@ -34,6 +36,6 @@ async def get_solution(key: SolutionKey, service: Solutions, run: Run):
     return Response(text, media_type="application/json")
 
 
-@router.delete("/{key}", responses=ERRORS, dependencies=[Depends(require_key)])
+@router.delete("/{key}", responses=ERRORS, dependencies=[Depends(require_key), Depends(require_admin)])
 async def delete_solution(key: SolutionKey, service: Solutions, run: Run):
     return await run(service.delete, key)
