@@ -165,7 +165,7 @@ def test_at_the_cap_the_slowest_sender_goes_then_an_idle_one_then_the_newcomer()
     assert g.admit(second) and idle.closed and not busy.closed
     third = FakeConn()  # busy, first and second all have a request in flight: nothing to shed
     assert not g.admit(third) and not any(c.closed for c in (busy, first, second))
-    assert g.shed == {"header_timeout": 0, "body_timeout": 0, "cap": 3} and len(g.open) == 3
+    assert g.shed == {"header_timeout": 0, "body_timeout": 0, "cap": 3, "headers_too_large": 0} and len(g.open) == 3
 
 
 def test_the_cap_fits_the_descriptor_limit(monkeypatch):
