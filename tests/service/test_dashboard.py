@@ -20,6 +20,8 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from sigprop.api.app import create_app
+from sigprop.api.auth import digest, tenant_of
+from sigprop.api.validations import OWNER
 from sigprop.dashboard import views
 from sigprop.dashboard.router import form_catalog
 from sigprop.dashboard.router import router as dashboard_router
@@ -29,9 +31,21 @@ from sigprop.settings import Settings
 from sigprop.storage import RedisValidationStore, SqliteValidationStore, new_record
 
 from ..dashboard_fixtures import EVIL, EVIL_KEY, evil_record
+from ..inprocess import basic
 from ..service_fixtures import assert_error, start_redis
 
 API_KEY = "dashboard-test-key"
+# the dashboard shows stored submissions: with keys configured it needs one (issue 35), sent as
+# a browser does (HTTP Basic, the key as the password); validations are their submitter's only
+SIGNED_IN = basic(API_KEY)
+TENANT = tenant_of(digest(API_KEY).hex())
+
+
+def owned(request: dict) -> dict:
+    """A stored validation request as one submitted with ``API_KEY`` stores it."""
+    return {**request, OWNER: TENANT}
+
+
 SOLVES = {
     "tat_lrelu": {
         "graph": {"template": "mlp", "depth": 12, "width": 16},
@@ -101,7 +115,7 @@ def dash(request, tmp_path_factory, redis_server, tiny_results):
     tmp = tmp_path_factory.mktemp(f"dash-{request.param}")
     url = redis_server.url if request.param == "redis" else None
     app = create_app(Settings(data_dir=tmp, redis_url=url, api_keys=API_KEY))
-    with TestClient(app) as client:
+    with TestClient(app, headers=SIGNED_IN) as client:
         keys = {}
         for name, body in SOLVES.items():
             r = client.post("/v1/solve", json=body)
@@ -149,7 +163,7 @@ def plant_fillers(cache, keys: dict) -> list[str]:
 
 
 def plant_validations(store, key: str, results: dict) -> tuple[str, str]:
-    request = {"key": key, "dataset": "digits", "steps": 12, "batch_size": 16, "baselines": ["he"]}
+    request = owned({"key": key, "dataset": "digits", "steps": 12, "batch_size": 16, "baselines": ["he"]})
     finished, running = "a" * 32, "b" * 32
     store.create(finished, key, request, time.time() - 5)
     assert store.start(finished, "cpu") == 1
@@ -471,7 +485,7 @@ def test_records_of_another_shape_never_fail_a_page(dash):
     assert "This solution cannot be shown" in text and 'href="/v1/solutions/' + "d" * 64 in text
     dash.cache.delete("d" * 64)
     weird = "c" * 32
-    dash.store.create(weird, "k", {"steps": "many"}, time.time())
+    dash.store.create(weird, "k", owned({"steps": "many"}), time.time())
     dash.store.start(weird, "cpu")
     dash.store.finish(
         weird, {"runs": {"solved": {"loss": {"steps": 3, "values": None}, "grad_norms": [7]}}, "summary": "text"}
@@ -640,3 +654,22 @@ def test_every_route_takes_the_given_dependencies(tmp_path):
         assert [d.dependency for d in dependencies] == [read_key], route.path
         assert route.include_in_schema is False
     assert form_catalog()["methods"].keys() == METHOD_TARGETS.keys()
+
+
+def test_the_dashboard_needs_a_key_unless_anonymous_stored_reads(dash, tmp_path):
+    """Stored submissions are closed to requests without a key while keys are configured (the
+    browser is asked for Basic credentials); ``anonymous_stored_reads`` opens the solutions, never
+    the validations of a key."""
+    anonymous = TestClient(dash.app)  # the same running app, no credentials
+    for path in ("/dashboard", f"/dashboard/solutions/{dash.keys['eoc']}", f"/dashboard/validations/{dash.finished}"):
+        r = anonymous.get(path)
+        assert_error(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"].startswith("Basic")
+    with TestClient(create_app(Settings(data_dir=tmp_path, api_keys=API_KEY, anonymous_stored_reads=True))) as c:
+        key = c.post("/v1/solve", json=SOLVES["eoc"]).json()["key"]
+        assert listed_keys(page(c, "/dashboard")) == [key]
+        page(c, f"/dashboard/solutions/{key}")
+        store = SqliteValidationStore(tmp_path / "solutions.sqlite3")
+        store.create("e" * 32, key, owned({"key": key, "steps": 2}), time.time())
+        page(c, "/dashboard/validations/" + "e" * 32, 404)  # someone's validation: not for anonymous eyes
+        store.close()
