@@ -1,7 +1,9 @@
-"""API keys: writes that cost or destroy always need a key; with SIGPROP_KEYS_FOR_READS
-the solve and every read need one too, while /healthz, /readyz and /metrics stay open. Keys travel
-as Bearer tokens or as HTTP Basic passwords (browsers); 401 without a key, 403 with a wrong one, in
-the contract's error shape.
+"""API keys: writes that cost or destroy always need a key (a validation is cancelled by the key
+that submitted it, a cached solution deleted only with an admin key); with keys configured, reads of
+stored submissions need one too unless SIGPROP_ANONYMOUS_STORED_READS opens them; with
+SIGPROP_KEYS_FOR_READS the solve and every read need one, while /healthz, /readyz and /metrics stay
+open. Keys travel as Bearer tokens or as HTTP Basic passwords (browsers); 401 without a key, 403
+with a wrong one, in the contract's error shape.
 
 Most checks run the app in-process (tests/inprocess.py); one runs a real `sigprop serve`.
 """
@@ -27,6 +29,7 @@ from ..inprocess import KEY_ONE, KEY_TWO, KEYS, app_client, basic, bearer, eoc, 
 from ..service_fixtures import assert_error, service_env, start_service
 
 WRONG = "not-a-key"
+ADMIN = "sec-admin-key-0123456789abc"
 MALFORMED = [
     {"Authorization": "Bearer"},
     {"Authorization": "Bearer   "},
@@ -41,7 +44,7 @@ MALFORMED = [
 
 @pytest.fixture(scope="module")
 def open_reads(tmp_path_factory):
-    with app_client(tmp_path_factory.mktemp("open")) as c:
+    with app_client(tmp_path_factory.mktemp("open"), admin_keys=ADMIN) as c:
         yield c
 
 
@@ -75,10 +78,16 @@ def _writes(c):
     ]
 
 
+# the keys each write succeeds with, first as Bearer then as HTTP Basic: any key submits a
+# validation, its submitter (KEY_ONE, in _validation_id) cancels it, an admin key deletes a solution
+ALLOWED = [(KEY_TWO, KEY_ONE), (KEY_ONE, KEY_ONE), (ADMIN, ADMIN)]
+
+
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["post_validation", "delete_validation", "delete_solution"])
 def test_writes_need_a_valid_key(open_reads, which):
     c = open_reads
     method, path, body = _writes(c)[which]
+    as_bearer, as_basic = ALLOWED[which]
     err = assert_error(c.request(method, path, json=body), 401, "unauthorized")
     assert "Bearer" in err["hint"]
     assert c.request(method, path, json=body).headers["www-authenticate"].startswith("Bearer")
@@ -87,11 +96,18 @@ def test_writes_need_a_valid_key(open_reads, which):
     assert_error(c.request(method, path, json=body, headers=bearer(WRONG)), 403, "forbidden")
     assert_error(c.request(method, path, json=body, headers=basic(WRONG)), 403, "forbidden")
     assert_error(c.request(method, path, json=body, headers=bearer(KEY_ONE + "x")), 403, "forbidden")
-    r = c.request(method, path, json=body, headers=bearer(KEY_TWO))
+    # a valid key that may not do this: another key's validation does not exist for it (404), and
+    # a key that is not an admin key may not delete a shared solution (403)
+    if which == 1:
+        assert_error(c.request(method, path, json=body, headers=bearer(KEY_TWO)), 404, "not_found")
+    if which == 2:
+        for key in (KEY_ONE, KEY_TWO):
+            assert_error(c.request(method, path, json=body, headers=bearer(key)), 403, "forbidden")
+    r = c.request(method, path, json=body, headers=bearer(as_bearer))
     assert 200 <= r.status_code < 300, r.text
     # and as HTTP Basic, with any user name (a fresh target: the first one is gone or cancelled)
     method, path, body = _writes(c)[which]
-    r = c.request(method, path, json=body, headers=basic(KEY_ONE, user="whoever"))
+    r = c.request(method, path, json=body, headers=basic(as_basic, user="whoever"))
     assert 200 <= r.status_code < 300, r.text
 
 
@@ -100,9 +116,11 @@ def test_without_configured_keys_writes_are_refused(tmp_path):
         assert_error(c.post("/v1/validations", json=validation()), 401, "unauthorized")
         assert_error(c.post("/v1/validations", json=validation(), headers=bearer("anything")), 403, "forbidden")
         assert c.post("/v1/solve", json=eoc(1.0)).status_code == 200  # reads and solves stay open
+        assert c.get("/v1/solutions").status_code == 200  # no keys, no owners: stored reads stay open
+        assert c.get("/v1/validations").status_code == 200
 
 
-# -- reads: open by default, keyed with SIGPROP_KEYS_FOR_READS ----------------------------------------
+# -- reads: stored submissions keyed by default, everything keyed with SIGPROP_KEYS_FOR_READS -------------
 
 
 def _reads(c) -> list[tuple[str, str, dict | None]]:
@@ -118,10 +136,36 @@ def _reads(c) -> list[tuple[str, str, dict | None]]:
     ]
 
 
-def test_reads_are_open_by_default(open_reads):
+STORED = ("/v1/solutions", "/v1/validations")
+
+
+def test_only_stored_submissions_need_a_key_by_default(open_reads):
+    """With keys configured, the solve and the templates stay open; stored solutions and
+    validations (someone's requests and graphs) need a key."""
     for method, path, body in _reads(open_reads):
         r = open_reads.request(method, path, json=body)
+        if path.startswith(STORED):
+            assert_error(r, 401, "unauthorized")
+            assert r.headers["www-authenticate"].startswith("Bearer")
+            assert_error(open_reads.request(method, path, json=body, headers=bearer(WRONG)), 403, "forbidden")
+        else:
+            assert r.status_code == 200, (path, r.text[:300])
+        r = open_reads.request(method, path, json=body, headers=bearer(KEY_ONE))  # the validation's owner
         assert r.status_code == 200, (path, r.text[:300])
+
+
+def test_anonymous_stored_reads_open_the_solutions_not_the_validations(tmp_path):
+    with app_client(tmp_path, anonymous_stored_reads=True) as c:
+        key, vid = _stored_key(c), _validation_id(c)
+        for method, path, body in _reads(c):
+            r = c.request(method, path, json=body)
+            if path.startswith("/v1/validations/"):  # KEY_ONE's: not there for anyone else
+                assert_error(r, 404, "not_found")
+            else:
+                assert r.status_code == 200, (path, r.text[:300])
+        assert c.get(f"/v1/solutions/{key}").json()["key"] == key
+        assert vid not in [i["id"] for i in c.get("/v1/validations").json()["items"]]
+        assert c.get(f"/v1/validations/{vid}", headers=bearer(KEY_ONE)).status_code == 200
 
 
 def test_keys_for_reads_protects_the_solve_and_every_read(keyed_reads):
@@ -131,9 +175,12 @@ def test_keys_for_reads_protects_the_solve_and_every_read(keyed_reads):
         assert_error(c.request(method, path, json=body, headers=MALFORMED[3]), 401, "unauthorized")
         assert_error(c.request(method, path, json=body, headers=bearer(WRONG)), 403, "forbidden")
         assert_error(c.request(method, path, json=body, headers=basic(WRONG)), 403, "forbidden")
-        for headers in (bearer(KEY_ONE), basic(KEY_TWO)):
+        for headers in (bearer(KEY_ONE), basic(KEY_ONE), basic(KEY_TWO)):
             r = c.request(method, path, json=body, headers=headers)
-            assert r.status_code == 200, (path, r.text[:300])
+            if headers == basic(KEY_TWO) and path.startswith("/v1/validations/"):
+                assert_error(r, 404, "not_found")  # KEY_ONE's validation: another key never sees it
+            else:
+                assert r.status_code == 200, (path, r.text[:300])
 
 
 def test_keys_for_reads_leaves_probes_open(keyed_reads):
@@ -163,7 +210,8 @@ def test_keys_for_reads_covers_every_data_route(keyed_reads):
         concrete = path.replace("{key}", "0" * 64).replace("{vid}", "0" * 32).replace("{name}", "mlp")
         concrete = concrete.replace("{path:path}", "x").replace("{path}", "x")
         method = next(m for m in ("GET", "POST", "DELETE", "PUT", "PATCH") if m in methods)
-        r = keyed_reads.request(method, concrete)
+        # a JSON content type: a body-taking route answers 415 to anything else, before the key check
+        r = keyed_reads.request(method, concrete, headers={"Content-Type": "application/json"})
         assert r.status_code == 401, (method, concrete, r.status_code, r.text[:200])
         checked += 1
     assert checked >= 7
@@ -264,6 +312,7 @@ def test_real_server_with_keys_for_reads(tmp_path):
             "SIGPROP_DATA_DIR": str(tmp_path / "data"),
             "SIGPROP_API_KEYS": KEYS,
             "SIGPROP_KEYS_FOR_READS": "true",
+            "SIGPROP_ADMIN_KEYS": ADMIN,
         },
     )
     try:
@@ -283,7 +332,9 @@ def test_real_server_with_keys_for_reads(tmp_path):
         assert keyed.post("/v1/solve", json=mlp()).json()["cached"] is True
         assert keyed.get(f"/v1/solutions/{key}").status_code == 200
         assert_error(anon.delete(f"/v1/solutions/{key}"), 401, "unauthorized")
-        assert keyed.delete(f"/v1/solutions/{key}").json() == {"key": key, "deleted": True}
+        assert_error(keyed.delete(f"/v1/solutions/{key}"), 403, "forbidden")  # not an admin key
+        admin = svc.client(headers=bearer(ADMIN))
+        assert admin.delete(f"/v1/solutions/{key}").json() == {"key": key, "deleted": True}
         with httpx.Client(base_url=svc.base_url, auth=("browser-user", KEY_ONE), timeout=30) as browser:
             assert browser.get("/v1/templates").status_code == 200  # httpx's own Basic auth
     finally:
