@@ -14,7 +14,8 @@ input(s) and output, and multiplies the node's output by ``factor = sqrt(q_targe
 ``q_target`` is the q the answer predicts at the node (tat and dks: its maps composed along the
 graph, as ``diagnose`` composes them; 1 for every node of a TAT leaky_relu answer), or, where the
 answer predicts none, what its maps give from the measured inputs (the input's q for pooling and
-identity-like ops, ``Q(1)`` for an activation, ``sum w_i^2 q_i`` for a sum). The factor goes into
+identity-like ops, ``Q(1)`` for an activation, ``sum w_i^2 q_i`` for a sum, 1 after a norm,
+``q_u q_v`` for a product). The factor goes into
 weights, so the network computes it with no extra op:
 
 * ``reads``: the dense/conv layers that read the node (through identity, flatten, dropout) get
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 
 from ..schemas.graph import Graph
 from ..schemas.kernels import concat_coefficients, sum_coefficients
-from ..schemas.ops import ACT, AFFINE, CONCAT, OP_TABLE, PASS, SOURCE, SUM, canonical_attrs
+from ..schemas.ops import ACT, AFFINE, CONCAT, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM, canonical_attrs
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 
@@ -206,6 +207,10 @@ def _target(nd: Mapping, q_ins: list[float], sol: Solution, widths: list[int]) -
         return sum(f * q for f, q in zip(sum_coefficients(weights), q_ins, strict=True))
     if kind == CONCAT:
         return sum(f * q for f, q in zip(concat_coefficients(widths), q_ins, strict=True))
+    if kind == NORM:  # each example (token) divided by its root mean square: q = 1
+        return 1.0
+    if kind == PRODUCT:  # independent factors: q = q_u q_v
+        return q_ins[0] * q_ins[1]
     return q_ins[0]
 
 

@@ -27,7 +27,10 @@ Per layer, with h a unit's pre-activations over the inputs (h ~ N(0, K)):
   orthogonal initialization's share;
 - a sum of branches that end in independent weights adds their cross term, of variance
   K_i K_j / n; attention at initialization (a fixed token mixing A) maps dK -> A dK A^T; a layer
-  norm rescales each token by its measured spread; flattening and pooling average over locations.
+  norm (or an RMSNorm) rescales each token (example) by its measured spread, so its q is exact and
+  only its correlations fluctuate; a product of two independent factors (a gated MLP's gate) takes
+  K_v dK_u + K_u dK_v plus its units' cross term, Var(u_a u_b) Var(v_a v_b) / n; flattening and
+  pooling average over locations.
 
 The Jacobians and maps are 2-D Gaussian expectations (Gauss-Hermite; phi tabulated, phi' by central
 differences, so any activation works, kinks included; Price's theorem and a rescaling identity
@@ -49,7 +52,7 @@ import numpy as np
 from ..schemas.attention_init import expand_attention
 from ..schemas.graph import Graph
 from ..schemas.kernels import concat_coefficients
-from ..schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, SOURCE, SUM
+from ..schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, PRODUCT, SOURCE, SUM
 from ..schemas.shapes import infer_shapes
 
 __all__ = ["propagate", "PROBES"]
@@ -227,6 +230,21 @@ class _State:
     # (each input's q moves only with its own q upstream); None after an op that mixes in other entries
     qa: dict[int, np.ndarray] | None
     entries: Entries
+    # draws of one unit's values over the inputs given the infinite-width kernels upstream ([r, m]),
+    # as ``units(r, rng)``; None: Gaussian with this kernel and mean (``_sampler``)
+    units: Callable | None = None
+
+
+def _sampler(st: _State) -> Callable:
+    """How one unit of ``st`` is drawn: its own sampler, else a Gaussian of its kernel and mean."""
+    if st.units is not None:
+        return st.units
+    k, mean = st.kernel, st.mean
+
+    def gaussian(r: int, rng) -> np.ndarray:
+        return _units(k - np.outer(mean, mean), r, rng) + mean
+
+    return gaussian
 
 
 def _width(shape, sequence: bool) -> int:
@@ -287,7 +305,7 @@ def _dense(st: _State, s: float, b: float, nu: float, n: int, fan: int, rng, sou
         bias = math.sqrt(b) * rng.standard_normal((dk.shape[0], 1))
         dk = dk + (bias * (u[:, e.a] + u[:, e.b]) + bias * bias - b) / math.sqrt(n)
         qa = _source(qa, sources, (4 * b * kw + 2 * b * b) / n)
-    return _State(k, np.zeros_like(st.mean), dk, np.zeros_like(st.dm), st.shape, qa, e)
+    return _State(k, np.zeros_like(st.mean), dk, np.zeros_like(st.dm), st.shape, qa, e, lambda r, g: _units(k, r, g))
 
 
 def _activation(st: _State, tab: _Table, n: int, rng, sources: list) -> _State:
@@ -301,7 +319,31 @@ def _activation(st: _State, tab: _Table, n: int, rng, sources: list) -> _State:
     dk = _act_linear(am, st.dk, e) + resid / math.sqrt(n)
     dm = am.jm * st.dk[:, e.diag] + resid_m / math.sqrt(n)
     qa = _source(_scaled(st.qa, np.diag(am.jx) + 2 * np.diag(am.ja)), sources, am.rq / n)
-    return _State(am.out, am.mean, dk, dm, st.shape, qa, e)
+    pre = _sampler(st)
+    return _State(am.out, am.mean, dk, dm, st.shape, qa, e, lambda r, g: tab(pre(r, g))[0])
+
+
+def _product(su: _State, sv: _State, n: int, rng, sources: list) -> _State:
+    """``mul(u, v)`` of factors whose units are independent given the layers upstream (their own
+    weights): K = K_u o K_v, and over n units (1/n) sum_i X_i Y_i with X_i = u_ia u_ib, Y_i = v_ia v_ib
+    fluctuates by K_v dK_u + K_u dK_v (each factor's own fluctuation, upstream and its layer's) plus
+    the units' cross term (1/n) sum_i (X_i - K_u)(Y_i - K_v), of variance Var X Var Y / n, drawn from
+    the factors' units (``_sampler``: an activation of a Gaussian unit, a Gaussian unit)."""
+    e = su.entries
+    ku, kv = su.kernel, sv.kernel
+    r = su.dk.shape[0]
+    draw_u, draw_v = _sampler(su), _sampler(sv)
+    u, v = draw_u(r, rng), draw_v(r, rng)
+    xu, xv = u[:, e.a] * u[:, e.b] - ku[e.a, e.b], v[:, e.a] * v[:, e.b] - kv[e.a, e.b]
+    dk = kv[e.a, e.b] * su.dk + ku[e.a, e.b] * sv.dk + xu * xv / math.sqrt(n)
+    dm = sv.mean * su.dm + su.mean * sv.dm + (u - su.mean) * (v - sv.mean) / math.sqrt(n)
+    qa = _merged([(1.0, _scaled(su.qa, np.diag(kv))), (1.0, _scaled(sv.qa, np.diag(ku)))])
+    if qa is not None:  # the cross term's covariance over the inputs' q, from many unit draws
+        big = 8192
+        x2, y2 = draw_u(big, rng) ** 2 - np.diag(ku), draw_v(big, rng) ** 2 - np.diag(kv)
+        qa = _source(qa, sources, (x2.T @ x2 / big) * (y2.T @ y2 / big) / n)
+    units = lambda count, g: draw_u(count, g) * draw_v(count, g)  # noqa: E731
+    return _State(ku * kv, su.mean * sv.mean, dk, dm, su.shape, qa, e, units)
 
 
 def _sum(states: list[_State], weights: list[float], n: int, rng, sources: list) -> _State:
@@ -331,7 +373,9 @@ def _concat(states: list[_State], coef) -> _State:
 
 def _layer_norm(st: _State, centres: bool = True) -> _State:
     """Per token (input): centre its features (a row's ``centres``: layer_norm, not rms_norm) and
-    divide by their measured spread, linearized."""
+    divide by their measured spread, linearized. Each input's q is then exactly 1 (no q noise: its
+    diagonal fluctuation cancels, and ``qa`` starts afresh); its correlations keep their noise, less
+    the part that moved q. rms_norm keeps the feature mean, divided by the root mean square."""
     k, e = st.kernel, st.entries
     m = st.mean if centres else np.zeros_like(st.mean)
     dm = st.dm if centres else np.zeros_like(st.dm)
@@ -342,7 +386,14 @@ def _layer_norm(st: _State, centres: bool = True) -> _State:
     centred = st.dk - dm[:, e.a] * m[e.b] - m[e.a] * dm[:, e.b]
     scaled = centred / (root[e.a] * root[e.b])
     dk = scaled - 0.5 * out[e.a, e.b] * (dv[:, e.a] / var[e.a] + dv[:, e.b] / var[e.b])
-    return _State(out, np.zeros_like(m), dk, np.zeros_like(st.dm), st.shape, None, e)
+    if centres:
+        mean, dmean, units = np.zeros_like(m), np.zeros_like(st.dm), None
+    else:  # x / rms(x): the mean over units scales with it
+        mean = st.mean / root
+        dmean = st.dm / root - 0.5 * mean * dv / var
+        draw = _sampler(st)
+        units = lambda r, g: draw(r, g) / root  # noqa: E731
+    return _State(out, mean, dk, dmean, st.shape, {}, e, units)
 
 
 def _attention(st: _State, a: np.ndarray) -> _State:
@@ -459,6 +510,9 @@ def propagate(
     def norm(nd, ins):
         return _layer_norm(states[ins[0]], OP_TABLE[nd["op"]].centres)
 
+    def product(nd, ins):
+        return _product(states[ins[0]], states[ins[1]], _width(shapes[nd["id"]], sequence), rng, sources)
+
     def passing(nd, ins):
         # pooling over locations, identity, dropout, output, a flatten of features: the value itself;
         # a map turned into features (the row's ``to_features``) averages its locations
@@ -468,7 +522,7 @@ def propagate(
         return src
 
     handlers = {SOURCE: source, AFFINE: affine, ACT: activation, SUM: add, CONCAT: concat}
-    handlers |= {ATTENTION: mixing, NORM: norm}
+    handlers |= {ATTENTION: mixing, NORM: norm, PRODUCT: product}
     out = {}
     for nd in graph["nodes"]:
         nid, ins = nd["id"], nd.get("inputs", [])

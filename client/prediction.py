@@ -16,8 +16,13 @@ per kind of the op table (``sigprop.schemas.ops``: a row's ``kind``, never its o
 * ``sum`` with weights w: q -> sum w_i^2 q_i, c -> sum w_i^2 q_i c_i / q (the branches' cross terms
   vanish: each branch ends in an independent zero-mean weight matrix); over atoms where an atom
   reaches the sum through several paths (the answer's ``sum_scales``);
-* ``concat``: the same with the widths as weights; every other kind (pooling, flatten, dropout,
-  identity, output): unchanged.
+* ``concat``: the same with the widths as weights;
+* ``norm`` (``rms_norm``; a row that ``centres`` too, ``layer_norm``, the same for the centred
+  features, which at infinite width are the features: every unit has mean 0 after a zero-mean
+  layer): q -> 1, c unchanged (each example divided by its own root mean square);
+* ``product`` (``mul``, a gated MLP's gate): q = q_u q_v, c = c_u c_v (E[u v u' v'] = E[u u'] E[v v']
+  for factors whose atoms are independent, which the engine's atom pass requires);
+* every other kind (pooling, flatten, dropout, identity, output): unchanged.
 
 This is exactly what the engine computes for the global C map (TAT paper, section 2.3), so at the
 output the composition equals ``c_map.global`` at ``input_c`` up to the interpolation between
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 from ..schemas.activations import canonical_name
 from ..schemas.graph import Graph
 from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ..schemas.ops import ACT, AFFINE, CONCAT, OP_TABLE, SOURCE, SUM
+from ..schemas.ops import ACT, AFFINE, CONCAT, NORM, OP_TABLE, PRODUCT, SOURCE, SUM
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 from ..schemas.structure import wire_structure
@@ -124,6 +129,7 @@ class _Predictor:
         self.shared = _shared_sums(graph) if sol.sum_scales else {}
         self.comps: dict[str, list[Prediction]] = {}  # node id -> its prediction per pair component
         self.handlers = {AFFINE: self.affine, ACT: self.activation, SUM: self.sum, CONCAT: self.concat}
+        self.handlers |= {NORM: self.norm, PRODUCT: self.product}
 
     def node(self, nd: dict, ins: list[Prediction], k: int = 0) -> Prediction:
         """Node ``nd``'s prediction from its inputs' (component ``k`` of a one-channel pair)."""
@@ -164,6 +170,20 @@ class _Predictor:
             return _mix(list(zip(atom_coefficients(mix.values()), [self.component(a, k) for a in mix], strict=True)))
         weights = nd.get("weights") or [1.0 / math.sqrt(len(ins))] * len(ins)
         return _mix(list(zip(sum_coefficients(weights), ins, strict=True)))
+
+    def norm(self, nd: dict, ins: list[Prediction], k: int) -> Prediction:
+        p = ins[0]
+        if p.q is None:
+            return Prediction(None, None, p.note)
+        return Prediction(1.0, p.c, p.note)
+
+    def product(self, nd: dict, ins: list[Prediction], k: int) -> Prediction:
+        u, v = ins
+        note = u.note or v.note
+        if u.q is None or v.q is None:
+            return Prediction(None, None, note)
+        c = u.c * v.c if u.c is not None and v.c is not None else None
+        return Prediction(u.q * v.q, c, note)
 
     def concat(self, nd: dict, ins: list[Prediction], k: int) -> Prediction:
         widths = concat_coefficients(self.shapes[i][0] for i in nd["inputs"])

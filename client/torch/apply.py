@@ -30,6 +30,7 @@ from .rewrite import (
     _example_from_graph,
     _graph_mismatch,
     _report_uncovered,
+    _reset_norms,
     _Rewrite,
 )
 from .sequence import SequenceExtraction
@@ -159,6 +160,7 @@ def apply(
     _apply_activations(rw, sol, solved_nodes)
     _apply_sums(rw, sol, solved_nodes, residual)
     initialized = _apply_layers(rw, sol, generator)
+    initialized |= _reset_norms(ext, report)
     _apply_output(rw, sol)
     _calibrate(rw, sol, measure_on)
     _report_uncovered(target, ext, initialized, report)

@@ -20,7 +20,7 @@ from ...schemas.activations import ACTIVATION_NAMES
 from .. import adapters
 from .modules import ACT_MODULES, NormalizedSum, TransformedActivation
 
-__all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module", "hand_written_attention"]
+__all__ = ["Unsupported", "NotYet", "classify", "describe", "sequence_module", "hand_written_attention", "rms_norm"]
 
 _ACT_FUNCTIONS: dict[Any, str] = {
     F.relu: "relu",
@@ -60,6 +60,10 @@ _ACT_METHODS = {
 }
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add}
 _ADD_METHODS = {"add", "add_"}
+# a product of two network tensors is a ``mul`` node; a tensor times a constant is a scale (not an op of
+# the graph: refused as before, or the identity under allow_unsupported)
+_MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul, torch.multiply}
+_MUL_METHODS = {"mul", "mul_", "multiply", "multiply_", "__mul__", "__rmul__"}
 _CAT_FUNCTIONS = {torch.cat, torch.concat, torch.concatenate}
 _FLATTEN_FUNCTIONS = {torch.flatten, torch.reshape}
 _FLATTEN_METHODS = {"flatten", "view", "reshape"}
@@ -392,6 +396,8 @@ def _classify_module(m: nn.Module, in_shape, out_shape, extra: dict) -> tuple[st
         )
     if type(m) in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d):
         return _adaptive(m.output_size, in_shape, type(m) is nn.AdaptiveAvgPool1d)
+    if isinstance(m, nn.RMSNorm):
+        return rms_norm(list(m.normalized_shape), in_shape, "nn.RMSNorm")
     if isinstance(m, nn.LayerNorm) and len(in_shape) == 3 and list(m.normalized_shape) == [in_shape[-1]]:
         raise NotYet(f"LayerNorm over the features of each token of a {list(in_shape)} tensor is not supported yet")
     if isinstance(m, _NORM_MODULES):
@@ -420,6 +426,44 @@ def _add(node: torch.fx.Node, data_in: list, shapes: dict) -> tuple[str, dict]:
             "the graph's sums add tensors of one shape",
         )
     return "sum", {}
+
+
+def rms_norm(normalized: list, in_shape, what: str) -> tuple[str, dict]:
+    """An RMSNorm over the features: of each example ``[B, F]`` or each token ``[B, T, F]``.
+    Its weight (``elementwise_affine``) is what the answer's ``rms_norm`` node takes as 1: ``apply``
+    resets it, as it resets a LayerNorm's affine parameters."""
+    if in_shape is None or len(in_shape) not in (2, 3) or [int(d) for d in normalized] != [in_shape[-1]]:
+        raise Unsupported(
+            f"{what} over {list(normalized)} of a {list(in_shape or ())} tensor (not over the features of each "
+            "example or token)",
+            "the graph's rms_norm divides each example's [features] (or each token's) by their root mean "
+            "square: normalize over the last axis of a [batch, features] or [batch, tokens, features] tensor",
+        )
+    return "rms_norm", {}
+
+
+def _rms_norm_call(node: torch.fx.Node, in_shape) -> tuple[str, dict]:
+    if _arg(node, 2, "weight") is not None:
+        raise Unsupported(
+            "F.rms_norm with a weight",
+            "use nn.RMSNorm (apply resets its weight to 1, what the graph's rms_norm node is) or no weight",
+        )
+    shape = _arg(node, 1, "normalized_shape")
+    shape = [shape] if isinstance(shape, int) else list(shape or [])
+    return rms_norm(shape, in_shape, "F.rms_norm")
+
+
+def _mul(node: torch.fx.Node, data_in: list, shapes: dict) -> tuple[str, dict] | None:
+    """A product of two network tensors (a gated MLP's gate); None for a tensor times a constant
+    (a scale: not a ``mul`` node)."""
+    if len(data_in) != 2 or any(not isinstance(a, torch.fx.Node) for a in node.args[:2]):
+        return None
+    if shapes[data_in[0]] != shapes[data_in[1]]:
+        raise Unsupported(
+            f"a product that broadcasts {list(shapes[data_in[0]])} and {list(shapes[data_in[1]])}",
+            "the graph's mul multiplies two tensors of one shape elementwise (a gated MLP: act(W1 x) * (W2 x))",
+        )
+    return "mul", {}
 
 
 def _activation_call(node: torch.fx.Node, fn: str, extra: dict) -> tuple[str, dict]:
@@ -481,6 +525,10 @@ def _classify_call(node: torch.fx.Node, data_in: list, shapes: dict, extra: dict
     )
     if target in adds:
         return _add(node, data_in, shapes)
+    if target in (_MUL_METHODS if method else _MUL_FUNCTIONS):
+        product = _mul(node, data_in, shapes)
+        if product is not None:
+            return product
     if target in acts:
         return _activation_call(node, acts[target], extra)
     if target in flattens:
@@ -503,6 +551,8 @@ def _classify_call(node: torch.fx.Node, data_in: list, shapes: dict, extra: dict
         raise NotYet(f"F.{getattr(target, '__name__', 'attention')} (attention) is not supported yet")
     if not method and target in (F.linear,) and in_shape is not None and len(in_shape) != 2:
         raise NotYet(f"F.linear applied to each token of a {list(in_shape)} tensor is not supported yet")
+    if not method and target is F.rms_norm:
+        return _rms_norm_call(node, in_shape)
     if not method and target is F.layer_norm and in_shape is not None and len(in_shape) == 3:
         raise NotYet(f"F.layer_norm over the features of each token of a {list(in_shape)} tensor is not supported yet")
     if not method and target in _OTHER_ACT_FUNCTIONS:

@@ -15,6 +15,7 @@ from torch import nn
 
 from ...schemas.activations import canonical_name
 from ...schemas.errors import SigpropError
+from ...schemas.ops import NORM, OP_TABLE
 from ...schemas.solve import LayerInit, Solution
 from .. import adapters
 from ..calibration import Calibration, answer_uncovered, measured_nodes
@@ -402,6 +403,27 @@ def _calibrate(rw: _Rewrite, sol: Solution, example_input: torch.Tensor | None) 
     cals, warnings = calibrate_model(rw.ext, rw.resolve, sol, weights, example_input, rw.out_of_place)
     rw.report.calibrations.extend(cals)
     rw.report.warnings.extend(warnings)
+
+
+def _reset_norms(ext: Extraction, report: ApplyReport) -> set[int]:
+    """The modules of norm nodes (``nn.RMSNorm``: kind norm) with their affine parameters at the identity
+    (weight 1, bias 0), what the answer's ``rms_norm`` nodes are; ids of the modules reset."""
+    done: set[int] = set()
+    for e in ext.entries.values():
+        m = e.module
+        if m is None or id(m) in done or e.op not in OP_TABLE or OP_TABLE[e.op].kind != NORM:
+            continue
+        weight, bias = getattr(m, "weight", None), getattr(m, "bias", None)
+        if weight is None and bias is None:
+            continue
+        with torch.no_grad():
+            if weight is not None:
+                weight.fill_(1.0)
+            if bias is not None:
+                bias.zero_()
+        done.add(id(m))
+        report.notes.append(f"{e.op} '{e.gid}': affine parameters reset to the identity (weight 1)")
+    return done
 
 
 def _report_uncovered(target: nn.Module, ext: Extraction, initialized: set[int], report: ApplyReport) -> None:

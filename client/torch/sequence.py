@@ -2,9 +2,10 @@
 
 A model whose example input is ``[B, T, D]`` and which calls attention
 (``F.scaled_dot_product_attention`` or ``nn.MultiheadAttention``), or applies ``nn.Linear`` /
-``nn.LayerNorm`` to each token, is a sequence model: its graph has a ``sequence`` input
-``[T, D]``, ``dense`` nodes acting per token, ``attention`` and ``layer_norm`` nodes (contract,
-issue 28; "Deep Transformers without Shortcuts", He, Martens et al., arXiv:2302.10322).
+``nn.LayerNorm`` / ``nn.RMSNorm`` to each token, is a sequence model: its graph has a ``sequence``
+input ``[T, D]``, ``dense`` nodes acting per token, ``attention``, ``layer_norm`` and ``rms_norm``
+nodes, and ``mul`` for the product of two token streams (a SwiGLU gate) (contract, issue 28;
+"Deep Transformers without Shortcuts", He, Martens et al., arXiv:2302.10322).
 
 Attention is read in two forms:
 
@@ -39,13 +40,15 @@ from torch import nn
 from ...schemas.errors import SigpropError
 from .attention import ShapedAttention, merge_heads, split_heads
 from .ops import describe
+from .sequence_checks import check_fan_in, record_values
 from .traced import Entry, Extraction
 from .walk import Walker, clean_id, tensor_shape
 
 __all__ = ["SequenceExtraction", "AttentionSite", "DensePart", "is_sequence_trace", "extract_sequence", "SEQUENCE_HINT"]
 
 SEQUENCE_HINT = (
-    "sequence graphs hold per-token Linear layers, activations, sums, LayerNorm over the features and "
+    "sequence graphs hold per-token Linear layers, activations, sums, products of two streams, LayerNorm or "
+    "RMSNorm over the features and "
     "self-attention (F.scaled_dot_product_attention on Linear q/k/v with view/transpose head plumbing, or "
     "nn.MultiheadAttention(batch_first=True) called as att(x, x, x)); write the model with those, or write "
     "the graph by hand"
@@ -102,7 +105,7 @@ class SequenceExtraction(Extraction):
 
     sites: dict = field(default_factory=dict)  # attention gid -> AttentionSite
     parts: dict = field(default_factory=dict)  # dense gid -> DensePart
-    layer_norms: dict = field(default_factory=dict)  # layer_norm gid -> (fx node, module or None)
+    layer_norms: dict = field(default_factory=dict)  # layer_norm / rms_norm gid -> (fx node, module or None)
 
 
 def _is_linear_3d(node: torch.fx.Node, gm: torch.fx.GraphModule) -> bool:
@@ -121,38 +124,13 @@ def is_sequence_trace(gm: torch.fx.GraphModule, example_input: torch.Tensor) -> 
             m = gm.get_submodule(node.target)
             if isinstance(m, nn.MultiheadAttention):
                 return True
-            if isinstance(m, (nn.Linear, nn.LayerNorm)) and len(tensor_shape(node) or ()) == 3:
+            if isinstance(m, (nn.Linear, nn.LayerNorm, nn.RMSNorm)) and len(tensor_shape(node) or ()) == 3:
                 return True
-        if node.op == "call_function" and node.target in (F.linear, F.layer_norm):
+        if node.op == "call_function" and node.target in (F.linear, F.layer_norm, F.rms_norm):
             shape = tensor_shape(node)
             if shape is not None and len(shape) == 3:
                 return True
     return False
-
-
-class _Recorder(torch.fx.Interpreter):
-    def __init__(self, gm):
-        super().__init__(gm)
-        self.values: dict = {}
-
-    def run_node(self, n):
-        out = super().run_node(n)
-        self.values[n] = out
-        return out
-
-
-def record_values(gm: torch.fx.GraphModule, example_input: torch.Tensor) -> dict:
-    """Every fx node's value on the example input (eval mode, no gradients)."""
-    modes = {m: m.training for m in gm.modules()}
-    try:
-        gm.eval()
-        rec = _Recorder(gm)
-        with torch.no_grad():
-            rec.run(example_input)
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
-    return rec.values
 
 
 def _arg(node: torch.fx.Node, index: int, name: str, default=None):
@@ -453,10 +431,15 @@ class _SequenceExtractor(Walker):
             return
         before = len(self.nodes_out)
         super().add_node(node)
-        if len(self.nodes_out) > before and self.nodes_out[-1]["op"] in _REFUSED_IN_SEQUENCES:
-            op = self.nodes_out[-1]["op"]
+        op = self.nodes_out[-1]["op"] if len(self.nodes_out) > before else None
+        if op in _REFUSED_IN_SEQUENCES:
             raise _refuse(
                 node, gm, f"a {op} in a sequence model (sequence ops act per token or mix tokens by attention)"
+            )
+        if op == "rms_norm":  # apply resets an nn.RMSNorm's weight to 1 and diagnose probes it, as a LayerNorm
+            self.layer_norms[self.nodes_out[-1]["id"]] = (
+                node,
+                gm.get_submodule(node.target) if node.op == "call_module" else None,
             )
 
     def add_linear(self, node: torch.fx.Node, m: nn.Linear) -> None:
@@ -560,7 +543,7 @@ def extract_sequence(gm, example_input, allow_unsupported: bool, keep_fn: bool, 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     walker = _SequenceExtractor(gm, allow_unsupported, keep_fn, warn, reader)
     graph = walker.run(placeholders[0])
-    _check_fan_in(graph, walker.parts)
+    check_fan_in(graph, walker.parts, SEQUENCE_HINT)
     return SequenceExtraction(
         gm,
         graph,
@@ -572,29 +555,3 @@ def extract_sequence(gm, example_input, allow_unsupported: bool, keep_fn: bool, 
         parts=walker.parts,
         layer_norms=walker.layer_norms,
     )
-
-
-def _check_fan_in(graph: dict, parts: dict) -> None:
-    """Each dense node reads as many features as its Linear takes (a reshape the graph does not see
-    would break it)."""
-    width = {}
-    for nd in graph["nodes"]:
-        op, ins = nd["op"], nd.get("inputs", [])
-        if op == "input":
-            width[nd["id"]] = nd["shape"][-1]
-        elif op == "dense":
-            width[nd["id"]] = nd["units"]
-            part = parts.get(nd["id"])
-            m = part.module if part is not None else None
-            want = m.embed_dim if isinstance(m, nn.MultiheadAttention) else getattr(m, "in_features", None)
-            if want is not None and width.get(ins[0]) != want:
-                raise SigpropError(
-                    "unsupported_op",
-                    f"node '{nd['id']}' (Linear '{part.path}') expects {want} input features but the graph gives it "
-                    f"{width.get(ins[0])}: something before it changes shapes in a way the graph does not see",
-                    SEQUENCE_HINT,
-                )
-        elif op == "attention":
-            width[nd["id"]] = width.get(ins[2])
-        elif ins:
-            width[nd["id"]] = width.get(ins[0])

@@ -15,8 +15,9 @@ models here; its code for MLPs and CNNs is untouched):
   et al., arXiv:2302.10322, sections 3-4): the logits are then the installed bias alone, so the
   attention matrix at initialization is exactly ``AttentionInit.matrix()``;
 * activations and sums as for every model (``TransformedActivation``, ``NormalizedSum``);
-* LayerNorm affine parameters are reset to the identity (weight 1, bias 0), what the answer's
-  ``layer_norm`` nodes assume.
+* LayerNorm affine parameters are reset to the identity (weight 1, bias 0), an RMSNorm's weight to
+  1, what the answer's ``layer_norm`` and ``rms_norm`` nodes assume; products (``mul``) have no
+  parameters and stay as they are.
 """
 
 from __future__ import annotations
@@ -185,16 +186,21 @@ def _install(rw: _Rewrite, ext: SequenceExtraction, generators: dict) -> list:
 
 
 def _reset_layer_norms(ext: SequenceExtraction, report: ApplyReport) -> set[int]:
+    """LayerNorm and RMSNorm affine parameters at the identity (weight 1, bias 0): what the answer's
+    ``layer_norm`` and ``rms_norm`` nodes are."""
     done = set()
+    ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
     for gid, (_node, m) in ext.layer_norms.items():
         if m is None or not m.elementwise_affine:
             continue
+        bias = getattr(m, "bias", None)  # nn.RMSNorm has none
         with torch.no_grad():
             m.weight.fill_(1.0)
-            if m.bias is not None:
-                m.bias.zero_()
+            if bias is not None:
+                bias.zero_()
         done.add(id(m))
-        report.notes.append(f"layer_norm '{gid}': affine parameters reset to the identity (weight 1, bias 0)")
+        what = "affine parameters reset to the identity (weight 1, bias 0)" if bias is not None else "weight reset to 1"
+        report.notes.append(f"{ops.get(gid, 'layer_norm')} '{gid}': {what}")
     return done
 
 
@@ -211,9 +217,10 @@ def _probes(ext: SequenceExtraction, report: ApplyReport, installed: list) -> di
         probes[c.id] = (c.module, "activation")
     for c in report.sums:
         probes[c.id] = (c.module, "sum")
+    ops = {nd["id"]: nd["op"] for nd in ext.graph["nodes"]}
     for gid, (node, m) in ext.layer_norms.items():
         if m is not None:
-            probes[gid] = (node.target, "layer_norm")
+            probes[gid] = (node.target, ops.get(gid, "layer_norm"))
     order = {nd["id"]: k for k, nd in enumerate(ext.graph["nodes"])}
     return dict(sorted(probes.items(), key=lambda kv: order.get(kv[0], len(order))))
 
