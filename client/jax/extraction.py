@@ -31,7 +31,7 @@ from ...schemas.errors import SigpropError
 from ...schemas.graph import unsupported_note
 from ..adapters import check_assumptions, finish_graph
 from .activations import activation_fn  # the catalogue's exact phi
-from .sequence import ATTENTION_HINT, dense_on_tokens, sequence_step, settle, written_out_attention
+from .sequence import ATTENTION_HINT, dense_on_tokens, norm_step, sequence_step, settle, written_out_attention
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
 _ELEMENTWISE = {
@@ -259,6 +259,8 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
         note = w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
         w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], prim, scaled_ok=True), out, 1.0)
         return None
+    if prim == "mul" and len(data) == 2:
+        return _product(w, data, out, ov)
     if prim == "add" and len(data) == 2:
         a, b = (w.resolve(v, "a sum", scaled_ok=True) for v, _ in data)
         norm = math.hypot(a.factor, b.factor)
@@ -286,6 +288,17 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
         return None
     gid = w.new_node(name, {"op": name, "inputs": [src.node], **attrs}, out / (src.factor * factor))
     w.kind[ov] = _Net(gid, src.factor * factor)
+    return None
+
+
+def _product(w: _Walker, data: list, out, ov) -> None:
+    """``u * v`` of two network values of one shape (a gated MLP's gate): a ``mul`` node."""
+    shapes = [np.shape(w.read(v)) for v, _ in data]
+    if shapes[0] != shapes[1]:
+        return _unsupported(w, f"a product that broadcasts {list(shapes[0])} and {list(shapes[1])}", data, out, ov)
+    a, b = (w.resolve(v, "a product", scaled_ok=True) for v, _ in data)
+    factor = a.factor * b.factor
+    w.kind[ov] = _Net(w.new_node("mul", {"op": "mul", "inputs": [a.node, b.node]}, out / factor), factor)
     return None
 
 
@@ -458,6 +471,8 @@ def _run(w: _Walker, jaxpr, args: list, outer: str = "") -> list:
         w.scope = f"{outer}/{scope}" if outer and scope else outer or scope
         if w.sequence and sequence_step(w, eqn, ins, _Net):
             continue
+        if not w.sequence and norm_step(w, eqn, ins, _Net, ("RMSNorm",)):  # per example on [B, F]
+            continue
         if name in _INLINE:
             closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
             inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
@@ -557,7 +572,8 @@ def graph_from_flax(
     named after their module path (lower case), activations (any catalogue function, however it is
     written) ``activation``, ``x + y`` a ``sum`` (weights from scalar factors on its inputs:
     ``(x + y) / sqrt(2)`` and ``a * x + b * y`` with a^2 + b^2 = 1 are normalized sums),
-    ``jnp.concatenate`` on the channel axis ``concat``, ``nn.max_pool``/``nn.avg_pool``/``jnp.mean``
+    ``jnp.concatenate`` on the channel axis ``concat``, ``u * v`` of two network values of one shape
+    ``mul`` (a gated MLP's gate), ``nn.RMSNorm`` ``rms_norm``, ``nn.max_pool``/``nn.avg_pool``/``jnp.mean``
     over H, W pooling, reshapes to ``[B, features]`` ``flatten``. A value that reaches an activation
     or a layer scaled (a plain ``x + y`` is sqrt(2) times the normalized sum the graph assumes)
     gets a warning: JAX code cannot be rewritten, so the model must compute what the graph says.

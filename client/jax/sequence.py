@@ -12,10 +12,11 @@ arXiv:2302.10322):
   single jitted call in the jaxpr, its name carrying ``heads`` and ``causal``) is an ``attention``
   node on its queries, keys and values, which must be Dense layers of one input; the mapping
   gives the module's path, where ``apply_to_params`` installs the answer's matrix at init;
-- the equations of an ``nn.LayerNorm`` module (found by the module path of their name stack) are
-  one region: its output, where code outside the region reads it, is a ``layer_norm`` node of its
-  one input. Its value is checked against the plain per-token normalization of the input (the
-  affine identity the answer assumes at init).
+- the equations of an ``nn.LayerNorm`` (``nn.RMSNorm``) module (found by the module path of their
+  name stack) are one region: its output, where code outside the region reads it, is a
+  ``layer_norm`` (``rms_norm``) node of its one input. Its value is checked against the plain
+  per-token normalization (division by the root mean square) of the input (the affine identity the
+  answer assumes at init). RMSNorm regions are read on ``[B, F]`` inputs too (``norm_step``).
 
 Attention written out (``nn.dot_product_attention``, ``nn.MultiHeadDotProductAttention``,
 ``jax.nn.dot_product_attention``) is refused with a hint: random queries and keys do not give a
@@ -40,62 +41,64 @@ ATTENTION_HINT = (
 )
 
 
+# the Flax norm modules read as graph nodes: class name -> (op, what its plain form computes)
+NORMS = {"LayerNorm": "layer_norm", "RMSNorm": "rms_norm"}
+
+
 @dataclass
 class LayerNormPart:
-    """A value computed inside one LayerNorm call from its network input ``source``."""
+    """A value computed inside one LayerNorm (RMSNorm) call from its network input ``source``."""
 
-    region: str  # the LayerNorm module's path
+    region: str  # the norm module's path
     source: str  # the graph node it normalizes
+    op: str = "layer_norm"  # or "rms_norm"
 
 
-def layer_norm_module(w) -> str | None:
-    """The path of the LayerNorm module the current equation runs in, if any."""
+def layer_norm_module(w, classes=tuple(NORMS)) -> tuple[str, str] | None:
+    """(path, op) of the norm module (LayerNorm, RMSNorm: ``classes``) the current equation runs in, if any."""
     at = w.module_at()
-    return at[0] if at is not None and at[1] == "LayerNorm" else None
+    return (at[0], NORMS[at[1]]) if at is not None and at[1] in classes else None
 
 
 def settle(w, v, net_type) -> Any:
-    """The kind of ``v``, a LayerNorm region's value turned into its ``layer_norm`` node (once)."""
+    """The kind of ``v``, a norm region's value turned into its ``layer_norm`` / ``rms_norm`` node (once)."""
     kind = w.kind_of(v)
     if not isinstance(kind, LayerNormPart):
         return kind
     value = w.read(v)
-    gid = w.new_node(kind.region.lower() or "layer_norm", {"op": "layer_norm", "inputs": [kind.source]}, value)
-    expected = _normalized(np.asarray(w.values[kind.source], np.float64))
+    gid = w.new_node(kind.region.lower() or kind.op, {"op": kind.op, "inputs": [kind.source]}, value)
+    expected = _normalized(np.asarray(w.values[kind.source], np.float64), centre=kind.op == "layer_norm")
     off = float(np.max(np.abs(np.asarray(value, np.float64) - expected))) if np.shape(value) == expected.shape else 1.0
     if off > 1e-3:
+        what = "per-token normalization" if kind.op == "layer_norm" else "division by the root mean square"
         w.warnings.append(
-            f"the LayerNorm '{kind.region}' does not compute the plain per-token normalization of "
-            f"'{kind.source}' (off by {off:.3g}): the answer assumes scale 1 and bias 0 at initialization and "
-            "the normalization over the feature axis"
+            f"the {'LayerNorm' if kind.op == 'layer_norm' else 'RMSNorm'} '{kind.region}' does not compute the plain "
+            f"{what} of '{kind.source}' (off by {off:.3g}): the answer assumes scale 1 and bias 0 at initialization "
+            "and the normalization over the feature axis"
         )
     w.mapping[gid] = tuple(kind.region.split("/"))  # apply_to_params sets its scale to 1 and bias to 0
     w.kind[v] = net_type(gid)
     return w.kind[v]
 
 
-def _normalized(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Flax's LayerNorm with scale 1 and bias 0 over the last axis."""
-    mean = x.mean(axis=-1, keepdims=True)
+def _normalized(x: np.ndarray, eps: float = 1e-6, centre: bool = True) -> np.ndarray:
+    """Flax's LayerNorm (``centre``) or RMSNorm with scale 1 and bias 0 over the last axis."""
+    mean = x.mean(axis=-1, keepdims=True) if centre else 0.0
     var = np.maximum((x * x).mean(axis=-1, keepdims=True) - mean * mean, 0.0)
     return (x - mean) / np.sqrt(var + eps)
 
 
-def sequence_step(w, eqn, ins: list, net_type) -> bool:
-    """Handle one equation of a sequence model that plain extraction does not: True if handled.
-
-    ``net_type``: ``extraction._Net`` (passed in, so that module is imported only one way)."""
-    region = layer_norm_module(w)
+def norm_step(w, eqn, ins: list, net_type, classes=tuple(NORMS)) -> bool:
+    """One equation inside a norm module (``classes``; a value of one read outside it is settled
+    into its node first): True if handled. ``graph_from_flax`` reads RMSNorm on ``[B, F]`` too."""
+    at = layer_norm_module(w, classes)
+    region = at[0] if at is not None else None
     for v in eqn.invars:
         kind = w.kind_of(v)
         if isinstance(kind, LayerNormPart) and kind.region != region:
             settle(w, v, net_type)
-    core = parse_core_name(str(eqn.params.get("name", ""))) if eqn.primitive.name in ("pjit", "jit") else None
-    if core is not None:
-        _attention(w, eqn, ins, core, net_type)
-        return True
     kinds = [w.kind_of(v) for v in eqn.invars]
-    if region is None or not any(isinstance(k, (net_type, LayerNormPart)) for k in kinds):
+    if at is None or not any(isinstance(k, (net_type, LayerNormPart)) for k in kinds):
         return False
     sources = {k.source for k in kinds if isinstance(k, LayerNormPart)}
     for v, k in zip(eqn.invars, kinds, strict=True):
@@ -104,10 +107,23 @@ def sequence_step(w, eqn, ins: list, net_type) -> bool:
     outs = _bind(eqn, ins)
     for ov, val in zip(eqn.outvars, outs, strict=True):
         w.env[ov] = val
-        w.kind[ov] = LayerNormPart(region, next(iter(sources)))
+        w.kind[ov] = LayerNormPart(region, next(iter(sources)), at[1])
     if len(sources) > 1:
         w.unsupported(f"a layer norm of several values ({', '.join(sorted(sources))})")
     return True
+
+
+def sequence_step(w, eqn, ins: list, net_type) -> bool:
+    """Handle one equation of a sequence model that plain extraction does not: True if handled.
+
+    ``net_type``: ``extraction._Net`` (passed in, so that module is imported only one way)."""
+    core = parse_core_name(str(eqn.params.get("name", ""))) if eqn.primitive.name in ("pjit", "jit") else None
+    if core is not None:
+        for v in eqn.invars:
+            settle(w, v, net_type)
+        _attention(w, eqn, ins, core, net_type)
+        return True
+    return norm_step(w, eqn, ins, net_type)
 
 
 def _bind(eqn, ins: list) -> list:
@@ -187,4 +203,13 @@ def written_out_attention(eqn, n_network_operands: int) -> bool:
     return eqn.primitive.name == "dot_general" and n_network_operands == 2
 
 
-__all__ = ["ATTENTION_HINT", "LayerNormPart", "sequence_step", "settle", "dense_on_tokens", "written_out_attention"]
+__all__ = [
+    "ATTENTION_HINT",
+    "LayerNormPart",
+    "NORMS",
+    "norm_step",
+    "sequence_step",
+    "settle",
+    "dense_on_tokens",
+    "written_out_attention",
+]

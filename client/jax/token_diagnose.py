@@ -26,7 +26,7 @@ from .extraction import extract_flax
 
 __all__ = ["TokenKernelDiagnosis", "diagnose_tokens", "measure_token_kernel", "orthonormal_tokens"]
 
-_SHOWN = ("dense", "activation", "attention", "layer_norm", "sum")
+_SHOWN = ("dense", "activation", "attention", "layer_norm", "rms_norm", "sum")
 
 
 @functools.lru_cache(maxsize=16)
