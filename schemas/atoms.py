@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import SigpropError
-from .ops import ACT, AFFINE, CONCAT, PRODUCT, SOURCE, SUM, ops_of_kind
+from .ops import ACT, AFFINE, CONCAT, MAX_PAIR, PRODUCT, SOURCE, SUM, ops_of_kind
 
 __all__ = ["MAX_TERMS", "AtomPass", "BadSum", "atom_pass", "expansion_bound", "private_nodes"]
 
@@ -58,8 +58,14 @@ MAX_TERMS = 2_000_000  # total coefficients the pass may hold: tens of MB, well 
 # the ops of each kind the pass treats apart (every other kind passes its first input's atoms on)
 _LINEAR = ops_of_kind(SUM, CONCAT)
 _ATOM = ops_of_kind(AFFINE)
-_FEATURE = ops_of_kind(SOURCE, ACT)
-_SOURCES, _ACTS, _SUMS, _CONCATS = ops_of_kind(SOURCE), ops_of_kind(ACT), ops_of_kind(SUM), ops_of_kind(CONCAT)
+# a max pair (``max_pool`` of adjacent features) is a fixed elementwise-like nonlinearity: an activation here
+_FEATURE = ops_of_kind(SOURCE, ACT, MAX_PAIR)
+_SOURCES, _ACTS, _SUMS, _CONCATS = (
+    ops_of_kind(SOURCE),
+    ops_of_kind(ACT, MAX_PAIR),
+    ops_of_kind(SUM),
+    ops_of_kind(CONCAT),
+)
 _PRODUCTS = ops_of_kind(PRODUCT)
 
 

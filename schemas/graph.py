@@ -187,8 +187,9 @@ Node = Annotated[
     Field(discriminator="op"),
 ]
 
-# the ops, in the order of the op table (``schemas.ops``), which defines each
-OPS = tuple(OP_TABLE)
+# the wire ops, in the order of the op table (``schemas.ops``), which defines each (less the rows a wire
+# op resolves to by what it reads: ``OpRule.features``)
+OPS = tuple(op for op, row in OP_TABLE.items() if row.wire)
 
 
 class Graph(BaseModel):

@@ -26,7 +26,18 @@ Rectifiers", arXiv:2203.08120, section 2.3 and Appendix B.4):
 - ``attention``: token mixing (shaped attention, ``engine.sequence``);
 - ``product``: the elementwise product of two streams (the gate of SwiGLU/GeGLU): a feature (not
   Gaussian), exact when its factors' atoms are independent: q = q_u q_v, C = C_u C_v, a token kernel
-  the Hadamard product K_u o K_v (factors sharing atoms are refused by the atom pass).
+  the Hadamard product K_u o K_v (factors sharing atoms are refused by the atom pass);
+- ``max_pair``: the maximum of two adjacent features (``max_pool`` with a window of two on [features]
+  or per token): a fixed nonlinearity, a feature like an activation's output. max(a, b) =
+  (a + b)/2 + |a - b|/2, and for a, b Gaussian of equal variance q the two halves are independent, so
+  q passes through; for independent entries (two units of a dense layer) the C map is
+  C(c) = c/2 + (sqrt(1 - c^2) + c arcsin c)/pi (C(0) = 1/pi, C'(1) = 1, C''(1) infinite) and the
+  mean sqrt(q/pi) (``pair_max_c`` below).
+
+A wire op whose theory differs by what it reads names the row standing for it on [features] or a
+token stream (``OpRule.features``; ``row_at`` resolves it): ``max_pool`` on a [channels, h, w] map is
+the ``pass`` row (a window of locations, whose correlation is the input's), on features the
+``max_pool_pairs`` row (kind ``max_pair``). Graph builders store the resolved row's op on the node.
 
 ``coverage`` says, for a node with given attributes and input shape, whether the theory is exact
 there by the row alone (``exact``), measured by calibration (``calibrated``), or outside the theory
@@ -52,6 +63,7 @@ __all__ = [
     "CONCAT",
     "EXACT",
     "KINDS",
+    "MAX_PAIR",
     "NORM",
     "OP_TABLE",
     "PASS",
@@ -63,13 +75,15 @@ __all__ = [
     "OpRule",
     "canonical_attrs",
     "ops_of_kind",
+    "pair_max_c",
+    "row_at",
     "rule",
     "window",
 ]
 
 SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
-ATTENTION, NORM, PRODUCT = "attention", "norm", "product"
-KINDS = (SOURCE, PASS, AFFINE, ACT, SUM, CONCAT, ATTENTION, NORM, PRODUCT)
+ATTENTION, NORM, PRODUCT, MAX_PAIR = "attention", "norm", "product", "max_pair"
+KINDS = (SOURCE, PASS, AFFINE, ACT, SUM, CONCAT, ATTENTION, NORM, PRODUCT, MAX_PAIR)
 
 EXACT, CALIBRATED, REFUSED = "exact", "calibrated", "refused"
 
@@ -127,6 +141,10 @@ class OpRule:
     to_features: bool = False
     # the network's output (one per graph)
     sink: bool = False
+    # the row standing for this op on [features] or a token stream (``row_at``); "" for none
+    features: str = ""
+    # not a wire op: a row a wire op resolves to (``features``)
+    wire: bool = True
 
 
 def _pooled(op: str, window: Callable[[Mapping, tuple], int]) -> Callable[[Mapping, tuple], Coverage]:
@@ -141,6 +159,21 @@ def _pooled(op: str, window: Callable[[Mapping, tuple], int]) -> Callable[[Mappi
         )
 
     return coverage
+
+
+def _pair_coverage(attrs: Mapping, in_shape: tuple) -> Coverage:
+    # the shape rule admits windows of two only; the atom pass adds that the input is Gaussian
+    return _EXACT
+
+
+def pair_max_c(c):
+    """The C map of the maximum of two independent entries of equal variance, at correlation ``c`` of
+    each entry between two inputs: E[max(a, b) max(a', b')] / q = c/2 + (sqrt(1 - c^2) + c arcsin c)/pi
+    (max = (a + b)/2 + |a - b|/2; the halves are independent, E[|u| |u'|] the arc-cosine kernel of
+    degree 1 at correlation c). Plain ``math`` for a real number; numpy arrays and complex numbers (the
+    complex step) go through ``numpy`` by duck typing (``engine.network.subnetworks.max_pair_value``)."""
+    c = min(1.0, max(-1.0, float(c)))
+    return c / 2.0 + (math.sqrt(1.0 - c * c) + c * math.asin(c)) / math.pi
 
 
 def _dropout_coverage(attrs: Mapping, in_shape: tuple) -> Coverage:
@@ -257,6 +290,19 @@ _ROWS = (
         homogeneous=True,
         pool="max",
         spatial=True,
+        features="max_pool_pairs",
+    ),
+    OpRule(
+        "max_pool_pairs",
+        MAX_PAIR,
+        shape=rules.pair_pool_shape,
+        attrs=_pool_attrs,
+        window=lambda attrs, in_shape: 2,
+        coverage=_pair_coverage,
+        color="#0c8599",
+        summary="the maximum of adjacent pairs of features (max_pool of kernel 2 on [features] or per token)",
+        homogeneous=True,
+        wire=False,
     ),
     OpRule(
         "global_avg_pool",
@@ -333,6 +379,15 @@ OP_TABLE: dict[str, OpRule] = {row.op: row for row in _ROWS}
 def rule(op: str) -> OpRule:
     """The row of ``op``; ``KeyError`` for an op the table does not define."""
     return OP_TABLE[op]
+
+
+def row_at(op: str, in_shapes) -> OpRule:
+    """The row of wire op ``op`` for inputs of ``in_shapes``: its ``features`` row where the first input
+    is [features] or a token stream [tokens, features], else its own."""
+    row = OP_TABLE[op]
+    if row.features and in_shapes and len(in_shapes[0]) < 3:
+        return OP_TABLE[row.features]
+    return row
 
 
 def ops_of_kind(*kinds: str) -> frozenset[str]:

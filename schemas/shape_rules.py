@@ -21,6 +21,7 @@ __all__ = [
     "global_pool_shape",
     "input_shape",
     "norm_shape",
+    "pair_pool_shape",
     "pool_shape",
     "product_shape",
     "rms_norm_shape",
@@ -110,6 +111,27 @@ def pool_shape(nd, in_shapes: list[Shape]) -> Shape:
     if h < 1 or w < 1:
         raise _invalid(f"{nd.op} node '{nd.id}' shrinks a {s[1]}x{s[2]} map to nothing", "use a smaller pooling kernel")
     return (s[0], h, w)
+
+
+def pair_pool_shape(nd, in_shapes: list[Shape]) -> Shape:
+    """max_pool on [features] or per token on [tokens, features]: the maximum of adjacent pairs of
+    features, so kernel 2, stride 2, no padding, an even number of features (the op table's
+    ``max_pool_pairs`` row; a window of two is what the theory has in closed form)."""
+    s = in_shapes[0]
+    stride = nd.stride if nd.stride is not None else nd.kernel
+    if _pair(nd.kernel) != (2, 2) or _pair(stride) != (2, 2) or getattr(nd, "padding", 0):
+        raise _invalid(
+            f"{nd.op} node '{nd.id}' on features of shape {list(s)} has kernel {nd.kernel}, stride {stride}, "
+            f"padding {getattr(nd, 'padding', 0)}",
+            "on [features] or a token stream max_pool takes adjacent pairs: kernel 2, stride 2 (the default), "
+            "no padding; wider windows pool a [channels, height, width] map",
+        )
+    if s[-1] % 2:
+        raise _invalid(
+            f"{nd.op} node '{nd.id}' pairs {s[-1]} features, an odd number",
+            "give the layer before it an even number of units",
+        )
+    return tuple(s[:-1]) + (s[-1] // 2,)
 
 
 def global_pool_shape(nd, in_shapes: list[Shape]) -> Shape:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .errors import SigpropError
 from .graph import Graph
-from .ops import OP_TABLE
+from .ops import OP_TABLE, row_at
 from .shape_rules import SUM_WEIGHT_TOLERANCE, Shape
 
 __all__ = ["ARITY", "SUM_WEIGHT_TOLERANCE", "check_arity", "node_shape", "infer_shapes"]
@@ -29,7 +29,7 @@ def node_shape(nd, in_shapes: list[Shape]) -> Shape:
 
     Raises ``SigpropError("invalid_graph")`` saying what is wrong when the rules reject it.
     """
-    return OP_TABLE[nd.op].shape(nd, in_shapes)
+    return row_at(nd.op, in_shapes).shape(nd, in_shapes)
 
 
 def check_arity(nd) -> None:

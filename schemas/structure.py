@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from .atoms import AtomPass, BadSum, atom_pass
 from .errors import SigpropError
 from .graph import Graph
-from .ops import ACT, AFFINE, CONCAT, EXACT, OP_TABLE, PRODUCT, SOURCE, SUM
+from .ops import ACT, AFFINE, CONCAT, EXACT, MAX_PAIR, OP_TABLE, PRODUCT, SOURCE, SUM, row_at
 
 __all__ = [
     "SUBNETWORK_CONVENTION",
@@ -110,7 +110,8 @@ def structure_report(nodes: Sequence) -> StructureReport:
     )
     violations = []
     for index, nd in enumerate(nodes):
-        if rows[index].kind == ACT and found.witness[nd.inputs[0]] is not None:
+        # an activation or a max pair (a fixed nonlinearity) reads a Gaussian input, or it is outside the theory
+        if rows[index].kind in (ACT, MAX_PAIR) and found.witness[nd.inputs[0]] is not None:
             source, via = found.witness[nd.inputs[0]]
             violations.append(Violation(index, source, via))
     return StructureReport(
@@ -159,15 +160,31 @@ def wire_structure(graph: Graph) -> tuple[list[str], StructureReport]:
                 state[nid] = 2
                 order.append(nid)
     index = {nid: i for i, nid in enumerate(order)}
+    ops = _resolved_ops(graph, order, by_id)
     nodes = [
         _WireNode(
-            by_id[nid].op,
+            ops[nid],
             tuple(index[i] for i in by_id[nid].inputs),
             {k: getattr(by_id[nid], k) for k in ("weights", "rate") if hasattr(by_id[nid], k)},
         )
         for nid in order
     ]
     return order, structure_report(nodes)
+
+
+def _resolved_ops(graph: Graph, order: list[str], by_id: dict) -> dict[str, str]:
+    """Each node's row op: a wire op with a ``features`` row resolves by its input's shape (``ops.row_at``)."""
+    ops = {nid: by_id[nid].op for nid in order}
+    if not any(OP_TABLE[op].features for op in ops.values()):
+        return ops
+    from .shapes import infer_shapes  # shapes import this floor's ops only; loaded where needed
+
+    shapes = infer_shapes(graph)
+    for nid, op in ops.items():
+        ins = by_id[nid].inputs
+        if OP_TABLE[op].features and ins and ins[0] in shapes:
+            ops[nid] = row_at(op, [shapes[ins[0]]]).op
+    return ops
 
 
 def _names(ids: Sequence[str], indices) -> str:
@@ -187,6 +204,12 @@ _PREACT_FIX = (
 def _cause(ids: Sequence[str], report: StructureReport, v: Violation) -> tuple[str, str]:
     """(what happens at this activation, the fix) for one violation."""
     act, source = ids[v.activation], ids[v.source]
+    if OP_TABLE[report.ops[v.activation]].kind == MAX_PAIR:  # a max_pool of feature pairs: a fixed nonlinearity
+        return (
+            f"max_pool {act!r} pairs features of {source!r}, which is not Gaussian (the network input, or a "
+            "feature with no weighted layer between): its closed form holds for Gaussian entries only",
+            "put a dense layer before the max_pool (max(a, b) of two units of one dense layer is exact)",
+        )
     if OP_TABLE[report.ops[v.source]].kind == SOURCE:
         return (
             f"activation {act!r} reads the network input {source!r} with no weighted layer before it",

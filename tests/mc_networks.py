@@ -133,6 +133,8 @@ def forward(
             h = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True))
         elif nd.op == "mul":
             h = ins[0] * ins[1]
+        elif nd.op == "max_pool_pairs":  # max_pool of kernel 2 on features: adjacent pairs of the last axis
+            h = np.maximum(ins[0][..., 0::2], ins[0][..., 1::2])
         elif nd.op == "attention":
             h = np.einsum("ts,bsf->btf", mixers[nd.user_id], ins[2])
         elif nd.op == "concat":

@@ -13,7 +13,7 @@ activation         a module for the node's ``fn`` (PyTorch's own for relu, leaky
                    e.g. the sparsifying relu_tau, soft_threshold, crelu, cst)
 sum                ``NormalizedSum`` with the graph's weights (or plain ``x + f(x)``)
 concat             ``torch.cat(..., dim=1)``
-avg/max_pool       ``nn.AvgPool2d`` / ``nn.MaxPool2d``
+avg/max_pool       ``nn.AvgPool2d`` / ``nn.MaxPool2d``; max_pool on features: ``PairMax`` (adjacent pairs)
 global_avg_pool    a mean over the spatial dims
 flatten            ``torch.flatten(x, 1)``
 dropout, identity  ``nn.Dropout(rate)``, ``nn.Identity()``
@@ -212,6 +212,14 @@ class Product(nn.Module):
         return a * b
 
 
+class PairMax(nn.Module):
+    """max_pool of kernel 2 on features: the maximum of adjacent pairs of the last axis (per example on
+    [features], per token on [tokens, features]); the ``max_pool_pairs`` row a ``max_pool`` on features is."""
+
+    def forward(self, x):
+        return x.unflatten(-1, (-1, 2)).amax(-1)
+
+
 def _run(how: str):
     """A node run by ``GraphModel.forward`` itself, with no module."""
     return lambda model, nd, ins, in_shape, activation, residual: (how, None)
@@ -230,6 +238,7 @@ MODULE_BUILDERS = {
     "concat": _run("concat"),
     "avg_pool": _pool(nn.AvgPool2d),
     "max_pool": _pool(nn.MaxPool2d),
+    "max_pool_pairs": lambda model, nd, ins, in_shape, activation, residual: ("module", PairMax()),
     "global_avg_pool": _run("global_avg_pool"),
     "flatten": _run("flatten"),
     "dropout": lambda model, nd, ins, in_shape, activation, residual: ("module", nn.Dropout(float(nd.attrs["rate"]))),

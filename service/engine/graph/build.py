@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 from ...errors import SigpropError
 from ...schemas.activations import ACTIVATION_NAMES
-from ...schemas.graph import OPS, Graph
-from ...schemas.ops import ACT, AFFINE, OP_TABLE, PASS, SOURCE, SUM
+from ...schemas.graph import Graph
+from ...schemas.ops import ACT, AFFINE, OP_TABLE, PASS, SOURCE, SUM, row_at
 from ...schemas.shapes import ARITY, check_arity, node_shape
 
 
@@ -139,7 +139,7 @@ def _row_json(nd: Node) -> str:
 
 
 # Ops and activation names: strings JSON writes as they are between quotes.
-_NAMES = frozenset(OPS) | frozenset(ACTIVATION_NAMES)
+_NAMES = frozenset(OP_TABLE) | frozenset(ACTIVATION_NAMES)
 assert all(name.isascii() and name.isidentifier() for name in _NAMES)
 
 
@@ -312,7 +312,8 @@ def _canonical_nodes(order: list, sums, default_activation) -> list[Node]:
         else:
             ins = tuple([index[x] for x in srcs])
             in_shapes = [nodes[j].shape for j in ins]
-        nodes.append(Node(i, nid, op, row.kind, ins, row.attrs(nd, len(ins)), row.shape(nd, in_shapes)))
+        row = row_at(op, in_shapes)  # the row standing for the op on what it reads (max_pool on features)
+        nodes.append(Node(i, nid, row.op, row.kind, ins, row.attrs(nd, len(ins)), row.shape(nd, in_shapes)))
     return nodes
 
 

@@ -275,6 +275,17 @@ def product_token_kernel(ku, kv) -> np.ndarray:
     return _square(ku) * _square(kv)
 
 
+def max_pair_token_kernel(k) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel, per-token mean) of max(a, b) over adjacent features of a zero-mean Gaussian stream with
+    token kernel ``k`` (two units of a dense layer: independent entries): K'_ij = sqrt(K_ii K_jj)
+    C(K_ij / sqrt(K_ii K_jj)) with C(c) = c/2 + (sqrt(1 - c^2) + c arcsin c)/pi, and mean sqrt(K_ii / pi)."""
+    k = _square(k)
+    d = np.sqrt(np.maximum(np.diag(k), 0.0))
+    scale = np.outer(d, d)
+    c = np.clip(np.divide(k, scale, out=np.zeros_like(k), where=scale > 0), -1.0, 1.0)
+    return scale * (c / 2.0 + (np.sqrt(1.0 - c * c) + c * np.arcsin(c)) / np.pi), d / np.sqrt(np.pi)
+
+
 # --------------------------------------------------------------------------- activations
 
 

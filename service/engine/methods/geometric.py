@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from ...errors import SigpropError
 from ...schemas.atoms import AtomPass, atom_pass
 from ...schemas.kernels import concat_coefficients, sum_coefficients
-from ...schemas.ops import ACT, AFFINE, CONCAT, NORM, PRODUCT, SOURCE, SUM, rule
+from ...schemas.ops import ACT, AFFINE, CONCAT, MAX_PAIR, NORM, PRODUCT, SOURCE, SUM, rule
 from ..graph.build import NetworkGraph, correlated_sum_warnings, pass_sources
 from ..maps.activations import Activation, get_activation
 from ..network.subnetworks import _dominators
@@ -176,7 +176,16 @@ def _rules(graph: NetworkGraph, gains: dict[int, float], w2: dict[int, float]):
 
 def _refuse_unscaled(graph: NetworkGraph) -> None:
     """The GR scaling propagates second moments linearly through every node (Proposition 3): an
-    rms_norm (which resets them to 1) or a product of two streams (m_u m_v) breaks it."""
+    rms_norm (which resets them to 1) or a product of two streams (m_u m_v) breaks it; a max_pool of
+    feature pairs keeps the second moment but its features' means and its gradients (half the entries)
+    are not in the GR rules."""
+    if any(nd.kind == MAX_PAIR for nd in graph.nodes):
+        raise SigpropError(
+            "unsupported_structure",
+            "geometric initialization does not cover max_pool over pairs of features: its output is a feature "
+            "with a non-zero mean (sqrt(q/pi)) whose second-moment and gradient rules are not the GR paper's",
+            "use method 'eoc' or 'tat' with 'leaky_relu' for graphs with max_pool on [features]",
+        )
     found = sorted({nd.op for nd in graph.nodes if nd.kind in (NORM, PRODUCT)})
     if found:
         # the graph here is anonymized: the count and the ops name what to change

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq
 
-from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, MAX_PAIR, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM
 from ..graph.build import NetworkGraph
 from ..maps.activations import Activation
 from ..methods.eoc import EOCSolution, variance_map
@@ -38,7 +38,8 @@ from ..methods.eoc import EOCSolution, variance_map
 INPUT, GAUSS = "input", "gauss"
 # an rms_norm's output: q = 1 whatever it reads, its correlation its input's
 NORMED = "normed"
-# a product's kind is the tuple (PRODUCT, kinds of its first factor, kinds of its second): q = q_u q_v
+# a product's kind is the tuple (PRODUCT, kinds of its first factor, kinds of its second): q = q_u q_v;
+# a max pair's (MAX_PAIR, kinds of its input): q = its input's (E[max(a, b)^2] = q for Gaussian a, b)
 # V'(q*)^depth from which an unstable q* makes an answer not hold: a deviation of q from q* (a finite
 # width's sampling noise) at least doubles over the network
 DRIFT_LIMIT = 2.0  # the other kind is a function slot (int): that function's features
@@ -61,6 +62,10 @@ def _product(nd, out: list[frozenset], slot: dict) -> frozenset:
     return frozenset([(PRODUCT, out[nd.inputs[0]], out[nd.inputs[1]])])
 
 
+def _max_pair(nd, out: list[frozenset], slot: dict) -> frozenset:
+    return frozenset([(MAX_PAIR, out[nd.inputs[0]])])
+
+
 # what a node of each op kind holds, from the node, the earlier nodes' values and the function slots
 NODE_KIND_RULES = {
     SOURCE: lambda nd, out, slot: frozenset([INPUT]),
@@ -72,6 +77,7 @@ NODE_KIND_RULES = {
     NORM: _norm,
     ATTENTION: _first,
     PRODUCT: _product,
+    MAX_PAIR: _max_pair,
 }
 
 
@@ -118,6 +124,8 @@ def kind_q(kind, q_star: float, sols: list[EOCSolution]) -> float:
         return 1.0
     if kind == GAUSS:
         return q_star
+    if isinstance(kind, tuple) and kind[0] == MAX_PAIR:  # q passes through a window of two
+        return set_q(kind[1], q_star, sols)
     if isinstance(kind, tuple):  # a product: q = q_u q_v (independent factors)
         return set_q(kind[1], q_star, sols) * set_q(kind[2], q_star, sols)
     s = sols[kind]
@@ -136,8 +144,9 @@ def set_q(kind_set, q_star: float, sols: list[EOCSolution]) -> float:
 
 def plan_network(graph: NetworkGraph, sols: list[EOCSolution]) -> NetworkPlan:
     """Each weighted layer's (sigma_w^2, sigma_b^2) from what it reads (module docstring). A layer
-    reading an rms_norm (q = 1) or a product (q = q_u q_v) is q-preserving from that q; an activation
-    reading an rms_norm's output at q = 1 != q* is ``mixed`` (its local map is taken at q*)."""
+    reading an rms_norm (q = 1), a product (q = q_u q_v) or a max pair (its input's q) is q-preserving
+    from that q; an activation reading an rms_norm's output at q = 1 != q* is ``mixed`` (its local map
+    is taken at q*)."""
     q_star = sols[0].q_star
     kinds = node_kinds(graph)
 
@@ -151,12 +160,12 @@ def plan_network(graph: NetworkGraph, sols: list[EOCSolution]) -> NetworkPlan:
             if isinstance(k, int):
                 out.add(k)
             elif isinstance(k, tuple):
-                out |= slots(k[1]) | slots(k[2])
+                out |= slots(k[1]) | (slots(k[2]) if len(k) > 2 else set())
         return out
 
     own_map = set()
     for nd in graph.nodes:
-        if nd.kind in (NORM, PRODUCT):
+        if nd.kind in (NORM, PRODUCT, MAX_PAIR):
             for i in nd.inputs:
                 own_map |= slots(kinds[i])
 

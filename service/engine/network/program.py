@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...errors import SigpropError
-from ...schemas.ops import ACT, SOURCE
+from ...schemas.ops import ACT, MAX_PAIR, SOURCE
 from ...schemas.structure import StructureReport
 from ..graph.build import NetworkGraph
 from ..maps.qc_maps import leaky_relu_c_map_scalar, rectifier_k, tailored_c_map_complex
@@ -58,6 +58,7 @@ from .subnetworks import (
     SubnetworkProgram,
     compile_subnetworks,
     jet_product,
+    max_pair_jet,
     slope_product,
     value_product,
 )
@@ -78,6 +79,15 @@ class NetworkProgram(ABC):
     # whether some node is a product (``mul``): the slope passes carry it by the product rule
     # (``subnetworks.slope_product``, ``jet_product``), and mu_f^2 is no longer linear in C''(1)
     has_products: bool = False
+    # whether some node is a max pair (``max_pool`` of feature pairs): every pass carries it by its own rule
+    # (``subnetworks.PAIR_RULES``: the C map, C'(1) = 1, and no curvature: C''(1) is infinite)
+    has_max_pairs: bool = False
+
+    @property
+    def per_pass(self) -> bool:
+        """Whether the passes need their own rule at some node (a product or a max pair)."""
+        return self.has_products or self.has_max_pairs
+
     depth: int  # the most nonlinear layers on a path from an input to the output
     output: int
     user_ids: tuple[str, ...]
@@ -101,7 +111,7 @@ class NetworkProgram(ABC):
         """M_{f,r}(x); x may be a float, a complex number or a numpy array (elementwise). ``product``:
         how a ``mul`` node combines its factors' values in this pass (the C map's own product by default)."""
         # only a graph with products needs the rule (implementations without products take two arguments)
-        found = self.candidate_values(x, r, product) if self.has_products else self.candidate_values(x, r)
+        found = self.candidate_values(x, r, product) if self.per_pass else self.candidate_values(x, r)
         if len(found) == 1:
             return found[0]
         # one reduction instead of a numpy call per endpoint (thousands on a ladder)
@@ -135,6 +145,7 @@ class NetworkProgram(ABC):
         B.4 with C''(1) = 1 and C'(1) = 1). Refused for a graph with a product: there a product of
         two factors of slope 1 has C'(1) = 2 and C''(1) = C_u'' + 2 + C_v'', so mu_f^2 is not kappa C''(1)."""
         self._no_products("TAT for smooth activations (target tau)")
+        self._no_max_pairs()
         return float(self.maximize(0.0, lambda y, _slot: 1.0 + y))
 
     def _no_products(self, what: str) -> None:
@@ -147,6 +158,10 @@ class NetworkProgram(ABC):
                 "use method 'dks' (target zeta; its slope and curvature passes carry products exactly), TAT with "
                 "'leaky_relu' (target eta), or 'eoc'",
             )
+
+    def _no_max_pairs(self) -> None:
+        if self.has_max_pairs:
+            max_pair_jet(1.0)  # raises: C''(1) of a max pair is infinite
 
     def max_slope_and_curvature(self, local_slope, local_curv) -> np.ndarray:
         """(max_g C'_g(1), max_g C''_g(1)) over subnetworks g, for any local C'(1) and C''(1).
@@ -164,7 +179,7 @@ class NetworkProgram(ABC):
             s, k = slopes(slot), curvs(slot)
             return s * y + 1j * (k * y.real * y.real)
 
-        extra = (jet_product,) if self.has_products else ()
+        extra = (jet_product,) if self.per_pass else ()
         found = [complex(v) for v in self.candidate_values(complex(1.0, 0.0), layer, *extra)]
         return np.array([max(v.real for v in found), max(v.imag for v in found)])
 
@@ -174,12 +189,13 @@ class NetworkProgram(ABC):
 
     def slope_maximizer(self, slopes: Sequence[float]) -> str:
         """The subnetwork that attains mu_f^1 with C'(1) = slopes[slot] per function slot."""
-        extra = (slope_product,) if self.has_products else ()
+        extra = (slope_product,) if self.per_pass else ()
         return self.argmax(1.0, lambda y, slot: slopes[slot] * y, *extra)
 
     def curvature_maximizer(self, curvs: Sequence[float]) -> str:
         """The subnetwork that attains mu_f^2 with C''(1) = curvs[slot] per function slot (C'(1) = 1)."""
         self._no_products("TAT for smooth activations (target tau)")
+        self._no_max_pairs()
         return self.argmax(0.0, lambda y, slot: curvs[slot] + y)
 
 
@@ -198,7 +214,7 @@ class GeneralProgram(NetworkProgram):
 
     def __init__(self, passes: SubnetworkProgram):
         self.passes = passes
-        self.has_products = passes.has_products
+        self.has_products, self.has_max_pairs = passes.has_products, passes.has_max_pairs
         self.regions, self.depth = passes.regions, passes.depth
         self.output, self.user_ids = passes.output, passes.user_ids
 
@@ -334,8 +350,11 @@ def _power(x: float, n: int) -> float:
 
 
 def is_chain(graph: NetworkGraph) -> bool:
-    """Whether node k reads node k - 1 only, from an input at node 0."""
-    return graph.nodes[0].kind == SOURCE and all(nd.inputs == (nd.index - 1,) for nd in graph.nodes[1:])
+    """Whether node k reads node k - 1 only, from an input at node 0, and every nonlinear node is an
+    activation (a max pair has its own rule per pass, which the general passes carry)."""
+    return graph.nodes[0].kind == SOURCE and all(
+        nd.inputs == (nd.index - 1,) and nd.kind != MAX_PAIR for nd in graph.nodes[1:]
+    )
 
 
 def general_program(graph: NetworkGraph, report: StructureReport | None = None) -> GeneralProgram:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ...errors import SigpropError
 from ...schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, PASS, PRODUCT, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, MAX_PAIR, NORM, PASS, PRODUCT, SOURCE, SUM
 from ...schemas.structure import StructureReport
 from ..graph.build import NetworkGraph
 
@@ -44,7 +44,7 @@ LocalMap = Callable[[object, int], object]
 # product(value_u, value_v) -> value: what a pass carries through a ``mul`` node (kind ``product``)
 Product = Callable[[object, object], object]
 
-_OP_PASS, _OP_ACT, _OP_MIX, _OP_MUL = 0, 1, 2, 3
+_OP_PASS, _OP_ACT, _OP_MIX, _OP_MUL, _OP_PAIR = 0, 1, 2, 3, 4
 
 
 def value_product(u, v):
@@ -62,6 +62,35 @@ def jet_product(u, v):
     """A product's (C'(1), C''(1)) pair carried as the complex number y1 + i y2 (``program``'s
     ``max_slope_and_curvature``): (u1 + v1, u2 + 2 u1 v1 + v2), the product rule at C(1) = 1."""
     return (u.real + v.real) + 1j * (u.imag + 2.0 * u.real * v.real + v.imag)
+
+
+def max_pair_value(c):
+    """A max pair's C map (``schemas.ops.pair_max_c``) on a number, a complex number (the complex step)
+    or a numpy array, elementwise: c/2 + (sqrt(1 - c^2) + c arcsin c)/pi."""
+    if np.iscomplexobj(c):
+        return c / 2.0 + (np.sqrt(1.0 - c * c) + c * np.arcsin(c)) / np.pi
+    c = np.clip(c, -1.0, 1.0)
+    return c / 2.0 + (np.sqrt(1.0 - c * c) + c * np.arcsin(c)) / np.pi
+
+
+def max_pair_slope(y):
+    """A max pair's C'(1) = 1: the slope pass carries its input's slope unchanged."""
+    return y
+
+
+def max_pair_jet(y):
+    """C''(1) of a max pair is infinite (C'(c) = 1/2 + arcsin(c)/pi, whose slope 1/(pi sqrt(1 - c^2))
+    diverges at 1): no curvature pass carries it."""
+    raise SigpropError(
+        "unsupported_structure",
+        "the graph has a max_pool of feature pairs: its C map c/2 + (sqrt(1 - c^2) + c arcsin c)/pi has C'(1) = 1 "
+        "but an infinite C''(1), so the curvature conditions of DKS and of TAT for smooth activations do not apply",
+        "use TAT with 'leaky_relu' (target eta) or 'eoc', which need only the C map; or avg_pool",
+    )
+
+
+# a pass is named by its product rule; the max pair's rule in the same pass (value, slope, curvature jet)
+PAIR_RULES: dict = {value_product: max_pair_value, slope_product: max_pair_slope, jet_product: max_pair_jet}
 
 
 # The passes M_{f,r} needs visit at most this many steps per node + edge (plus the floor): real
@@ -108,6 +137,12 @@ class SubnetworkProgram:
         """Whether some node is a product (``mul``): its passes then need the pass's product rule."""
         group = self.whole if self.whole is not None else self.groups[0]
         return any(op == _OP_MUL for _, op, _, _ in group.steps)
+
+    @property
+    def has_max_pairs(self) -> bool:
+        """Whether some node is a max pair (``max_pool`` of feature pairs): its passes then need the pass's rule."""
+        group = self.whole if self.whole is not None else self.groups[0]
+        return any(op == _OP_PAIR for _, op, _, _ in group.steps)
 
     def global_map(self, x, r: LocalMap, product: Product = value_product):
         """U_{f,r}(x) for the whole network f (with r the local C map: the global C map C_f)."""
@@ -162,6 +197,8 @@ class SubnetworkProgram:
                 vals[node] = r(vals[ins], arg)
             elif op == _OP_MUL:
                 vals[node] = product(vals[ins[0]], vals[ins[1]])
+            elif op == _OP_PAIR:
+                vals[node] = PAIR_RULES[product](vals[ins])
             else:
                 acc = 0.0
                 for i, coef in zip(ins, arg, strict=False):
@@ -294,6 +331,8 @@ STEP_RULES = {
     # the product of its factors' values, by the pass's product rule (``value_product``, ``slope_product``,
     # ``jet_product``)
     PRODUCT: lambda nodes, v, nd, fn_slot: (v, _OP_MUL, nd.inputs, None),
+    # a fixed nonlinearity: the pass's max-pair rule (``PAIR_RULES``) on its input's value
+    MAX_PAIR: lambda nodes, v, nd, fn_slot: (v, _OP_PAIR, nd.inputs[0], None),
 }
 
 

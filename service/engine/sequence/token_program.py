@@ -23,6 +23,9 @@ Shortcuts", arXiv:2302.10322, section 3; the per-op maps are ``token_kernels``')
   (a norm whose row does not centre): scaling alone (``token_kernels.rms_norm_token_kernel``);
 - mul (kind product): the Hadamard product of its factors' kernels and of their means, a new atom
   (the atom pass has checked that the factors' atoms are independent);
+- max_pool of adjacent feature pairs (kind max_pair): K'_ij = sqrt(K_ii K_jj) C(K_ij / sqrt(K_ii K_jj)) with
+  the closed-form C of ``schemas.ops.pair_max_c``, mean sqrt(K_ii / pi), a new atom
+  (``token_kernels.max_pair_token_kernel``);
 - identity, dropout (evaluation mode), output: the value itself.
 
 The reduction the program's maximizations compare is the largest correlation between two distinct
@@ -39,11 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM
+from ...schemas.ops import ACT, AFFINE, ATTENTION, CONCAT, MAX_PAIR, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM
 from ..graph.build import NetworkGraph
 from ..maps.token_kernels import (
     dense_token_kernel,
     layer_norm_token_kernel,
+    max_pair_token_kernel,
     product_token_kernel,
     rms_norm_token_kernel,
 )
@@ -144,6 +148,12 @@ def _product(prog, nd, streams, atoms, start, r) -> Expansion:
     return _atom(atoms, nd.index, TokenValue(product_token_kernel(u.kernel, v.kernel), mean))
 
 
+def _max_pair(prog, nd, streams, atoms, start, r) -> Expansion:
+    # a fixed nonlinearity of a Gaussian stream (the atom pass has checked it): a new atom with a mean
+    k, mean = max_pair_token_kernel(_value(streams[nd.inputs[0]], atoms).kernel)
+    return _atom(atoms, nd.index, TokenValue(k, mean))
+
+
 def _attention(prog, nd, streams, atoms, start, r) -> Expansion:
     a = prog.mixers[nd.index]
     return {t: _mixed(a, c) for t, c in streams[nd.inputs[2]].items()}
@@ -179,6 +189,7 @@ TOKEN_RULES = {
     PASS: _pass,
     CONCAT: _concat,
     PRODUCT: _product,
+    MAX_PAIR: _max_pair,
 }
 
 
