@@ -22,6 +22,7 @@ per kind of the op table (``sigprop.schemas.ops``: a row's ``kind``, never its o
   layer): q -> 1, c unchanged (each example divided by its own root mean square);
 * ``product`` (``mul``, a gated MLP's gate): q = q_u q_v, c = c_u c_v (E[u v u' v'] = E[u u'] E[v v']
   for factors whose atoms are independent, which the engine's atom pass requires);
+* ``max_pair`` (max_pool of adjacent feature pairs): q through, c -> c/2 + (sqrt(1 - c^2) + c arcsin c)/pi;
 * every other kind (pooling, flatten, dropout, identity, output): unchanged.
 
 This is exactly what the engine computes for the global C map (TAT paper, section 2.3), so at the
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from ..schemas.activations import canonical_name
 from ..schemas.graph import Graph
 from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ..schemas.ops import ACT, AFFINE, CONCAT, NORM, OP_TABLE, PRODUCT, SOURCE, SUM
+from ..schemas.ops import ACT, AFFINE, CONCAT, MAX_PAIR, NORM, OP_TABLE, PRODUCT, SOURCE, SUM, pair_max_c, row_at
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 from ..schemas.structure import wire_structure
@@ -129,13 +130,18 @@ class _Predictor:
         self.shared = _shared_sums(graph) if sol.sum_scales else {}
         self.comps: dict[str, list[Prediction]] = {}  # node id -> its prediction per pair component
         self.handlers = {AFFINE: self.affine, ACT: self.activation, SUM: self.sum, CONCAT: self.concat}
-        self.handlers |= {NORM: self.norm, PRODUCT: self.product}
+        self.handlers |= {NORM: self.norm, PRODUCT: self.product, MAX_PAIR: self.max_pair}
+
+    def row(self, nd: dict):
+        """The node's row: a wire op with a ``features`` row resolves by its input's shape (``ops.row_at``)."""
+        ins = nd.get("inputs") or []
+        return row_at(nd["op"], [self.shapes[ins[0]]] if ins and ins[0] in self.shapes else [])
 
     def node(self, nd: dict, ins: list[Prediction], k: int = 0) -> Prediction:
         """Node ``nd``'s prediction from its inputs' (component ``k`` of a one-channel pair)."""
         if nd["id"] in self.unmodelled:
             return Prediction(None, None, "op outside the graph (treated as the identity)")
-        handler = self.handlers.get(OP_TABLE[nd["op"]].kind)
+        handler = self.handlers.get(self.row(nd).kind)
         return ins[0] if handler is None else handler(nd, ins, k)
 
     def component(self, nid: str, k: int) -> Prediction:
@@ -163,6 +169,11 @@ class _Predictor:
             return Prediction(q_out, None, p.note or "the answer carries no C map of the activation")
         c = interpolate(p.c, self.sol.c_map.c, self.local) if p.c is not None else None
         return Prediction(q_out, c, p.note)
+
+    def max_pair(self, nd: dict, ins: list[Prediction], k: int) -> Prediction:
+        """max_pool of adjacent feature pairs: q through, c by the closed form (``ops.pair_max_c``)."""
+        p = ins[0]
+        return Prediction(p.q, pair_max_c(p.c) if p.c is not None else None, p.note)
 
     def sum(self, nd: dict, ins: list[Prediction], k: int) -> Prediction:
         mix = self.shared.get(nd["id"])
@@ -220,7 +231,7 @@ def predict(
     comps = walker.comps
     out: dict[str, Prediction] = {}
     for nd in graph["nodes"]:
-        nid, row = nd["id"], OP_TABLE[nd["op"]]
+        nid, row = nd["id"], walker.row(nd)
         if row.kind == SOURCE:
             comps[nid] = [Prediction(1.0, c) for _, c in parts]
         else:
