@@ -34,11 +34,15 @@ from ..service_fixtures import (
 
 API_KEYS = "test-key-one-0123456789,test-key-two-0123456789"
 GOOD_KEY = "test-key-two-0123456789"
+ADMIN_KEY = "test-admin-key-0123456789"
+# stored solutions are read with a key: with keys configured they are closed to anonymous callers
+# unless SIGPROP_ANONYMOUS_STORED_READS (issue 35)
+READER = {"Authorization": f"Bearer {GOOD_KEY}"}
 BACKENDS = ["sqlite", "redis"]
 
 
 def _backend_env(backend: str, tmp: Path) -> dict:
-    env = {"SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": API_KEYS}
+    env = {"SIGPROP_DATA_DIR": str(tmp / "data"), "SIGPROP_API_KEYS": API_KEYS, "SIGPROP_ADMIN_KEYS": ADMIN_KEY}
     if backend == "redis":
         flush_shared_redis()  # skips the test when there is no Redis at 127.0.0.1:6379
         env["SIGPROP_REDIS_URL"] = SHARED_REDIS_URL
@@ -227,7 +231,8 @@ def test_get_solution_by_key(client):
     answer = post_solve(client, req).json()
     post_solve(client, req)  # one hit
 
-    r = client.get(f"/v1/solutions/{answer['key']}")
+    assert_error(client.get(f"/v1/solutions/{answer['key']}"), 401, "unauthorized")  # stored: keyed
+    r = client.get(f"/v1/solutions/{answer['key']}", headers=READER)
     assert r.status_code == 200, r.text
     rec = r.json()
     assert rec["key"] == answer["key"]
@@ -251,7 +256,7 @@ def test_list_newest_first_pagination_and_filters(client):
     newest_first = keys[::-1]
 
     def listing(**params):
-        r = client.get("/v1/solutions", params=params)
+        r = client.get("/v1/solutions", params=params, headers=READER)
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -314,23 +319,28 @@ def test_key_ignores_node_order_and_ids(client, tmp_path):
     assert strip_cached(cli_output(cli_b).rstrip("\n")) == strip_cached(rb.text)
 
 
-def test_delete_needs_a_valid_key(client):
+def test_delete_needs_an_admin_key(client):
     req = mlp(2, width=12, targets={"eta": 0.25})
     key = post_solve(client, req).json()["key"]
     path = f"/v1/solutions/{key}"
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
     assert_error(client.delete(path), 401, "unauthorized")
     assert_error(client.delete(path, headers={"Authorization": "Bearer"}), 401, "unauthorized")
     assert_error(client.delete(path, headers={"Authorization": f"Basic {GOOD_KEY}"}), 401, "unauthorized")
     assert_error(client.delete(path, headers={"Authorization": "Bearer wrong-key"}), 403, "forbidden")
-    assert client.get(path).status_code == 200  # still there
+    # a valid key that is not an admin key: solutions are shared, so it may not delete one
+    err = assert_error(client.delete(path, headers=READER), 403, "forbidden")
+    assert "SIGPROP_ADMIN_KEYS" in err["hint"]
+    assert client.get(path, headers=READER).status_code == 200  # still there
 
-    r = client.delete(path, headers={"Authorization": f"Bearer {GOOD_KEY}"})
+    r = client.delete(path, headers=admin)
     assert r.status_code == 200, r.text
     assert r.json() == {"key": key, "deleted": True}
-    assert_error(client.get(path), 404, "not_found")
-    assert_error(client.delete(path, headers={"Authorization": f"Bearer {GOOD_KEY}"}), 404, "not_found")
-    assert key not in [it["key"] for it in client.get("/v1/solutions", params={"limit": 500}).json()["items"]]
+    assert_error(client.get(path, headers=READER), 404, "not_found")
+    assert_error(client.delete(path, headers=admin), 404, "not_found")
+    listed = client.get("/v1/solutions", params={"limit": 500}, headers=READER).json()["items"]
+    assert key not in [it["key"] for it in listed]
     # solved again, not served from a stale entry
     assert post_solve(client, req).json()["cached"] is False
 
@@ -438,10 +448,11 @@ ERROR_CASES = [
 
 @pytest.mark.parametrize("method,path,body,status,code", [c[1:] for c in ERROR_CASES], ids=[c[0] for c in ERROR_CASES])
 def test_error_codes(client, method, path, body, status, code):
+    keyed = READER if path.startswith("/v1/solutions") else {}  # stored solutions: read with a key
     if isinstance(body, bytes):
-        r = client.request(method, path, content=body, headers={"content-type": "application/json"})
+        r = client.request(method, path, content=body, headers={"content-type": "application/json", **keyed})
     else:
-        r = client.request(method, path, json=body)
+        r = client.request(method, path, json=body, headers=keyed)
     assert_error(r, status, code)
 
 
@@ -494,8 +505,12 @@ def test_payload_too_large(limits_service):
 def test_request_id_echoed_or_generated(client):
     r = client.get("/healthz", headers={"X-Request-ID": "trace-abc.123_x"})
     assert r.headers["x-request-id"] == "trace-abc.123_x"
-    r = client.post("/v1/solve", content=b"not json", headers={"X-Request-ID": "err-req-1"})
+    r = client.post(
+        "/v1/solve", content=b"not json", headers={"X-Request-ID": "err-req-1", "Content-Type": "application/json"}
+    )
     assert r.status_code == 422 and r.headers["x-request-id"] == "err-req-1"
+    # the same body without a JSON content type is refused before it is read
+    assert_error(client.post("/v1/solve", content=b"not json"), 415, "unsupported_media_type")
 
     generated = {client.get("/healthz").headers["x-request-id"] for _ in range(3)}
     assert len(generated) == 3
@@ -596,13 +611,13 @@ def test_parallel_cold_requests_are_solved_once(two_worker_service):
 
     with httpx.Client(base_url=svc.base_url, timeout=10) as c:
         metrics = c.get("/metrics").text
-        record = c.get(f"/v1/solutions/{key}").json()
+        record = c.get(f"/v1/solutions/{key}", headers=READER).json()
         # Hit counts are eventually exact: each worker writes its hits in a batch at least every
         # FLUSH_S (storage/hot.py), and a read flushes only the reading worker's own batch.
         deadline = time.monotonic() + 5 * FLUSH_S
         while record["hits"] < N_PARALLEL - 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-            record = c.get(f"/v1/solutions/{key}").json()
+            record = c.get(f"/v1/solutions/{key}", headers=READER).json()
     solves = metric_value(metrics, "sigprop_solve_seconds_count", {"method": "dks"})
     # The metric sums both workers (prometheus multiprocess mode). Every answer with "cached": false
     # is one engine solve; the others waited on the single-flight lock and read the stored answer,
