@@ -169,6 +169,7 @@ def apply(model, solution, *, graph: Mapping | None = None, seed: int | None = N
     new_model = keras.models.clone_model(model, clone_function=clone, recursive=True, **kwargs)
     _copy_weights(model, new_model)
     _init_layers(ext, sol, new_model, report, np.random.default_rng(seed))
+    _reset_norms(ext, new_model, report)
     report.model = new_model
     if sol.method in ("tat", "dks", "eoc", "sparse_eoc"):
         q = sol.q_star if sol.q_star is not None else 1.0
@@ -188,6 +189,17 @@ def _copy_weights(model, new_model) -> None:
         src = old.get(layer.name)
         if src is not None and src.weights and len(src.weights) == len(layer.weights):
             layer.set_weights(src.get_weights())
+
+
+def _reset_norms(ext: Extraction, new_model, report: ApplyReport) -> None:
+    """RMSNormalization scales at 1: what the answer's ``rms_norm`` nodes are (products have no weights)."""
+    layers = {layer.name: layer for layer in _layers(new_model)}
+    for e in ext.entries.values():
+        target = layers.get(getattr(e.layer, "name", None)) if e.op == "rms_norm" else None
+        scale = getattr(target, "scale", None)
+        if scale is not None and hasattr(scale, "assign"):
+            scale.assign(np.ones(tuple(scale.shape), dtype=scale.dtype))
+            report.notes.append(f"rms_norm '{e.gid}': scale reset to 1")
 
 
 def _init_layers(ext: Extraction, sol: Solution, new_model, report: ApplyReport, rng) -> None:

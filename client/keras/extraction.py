@@ -35,6 +35,7 @@ _POOLS[L.AveragePooling2D] = "avg_pool"
 _NORMS = tuple(
     getattr(L, n) for n in ("BatchNormalization", "LayerNormalization", "GroupNormalization", "UnitNormalization")
 )
+_RMS_NORM = getattr(L, "RMSNormalization", None)  # Keras 3.9+: x / sqrt(mean(x^2) + eps) * scale
 _SEQUENCE = tuple(
     getattr(L, n)
     for n in ("MultiHeadAttention", "Attention", "Embedding", "LSTM", "GRU", "SimpleRNN", "RNN", "Bidirectional")
@@ -372,6 +373,14 @@ class _Walker:
         if isinstance(op, WeightedSum) or type(op) is L.Add or _is_op(op, "Add"):
             self.add(node, op, name)
             return
+        if type(op) is L.Multiply or (_is_op(op, "Multiply") and _tensors(node) == 2):
+            self.product(node, op, name)
+            return
+        if _RMS_NORM is not None and type(op) is _RMS_NORM:
+            if len(in_shapes[0]) != 2 or op.axis not in (-1, 1, [-1], [1]):
+                raise Unsupported(f"RMSNormalization over axis {op.axis} of {in_shapes[0]}", "normalize axis -1")
+            self.one_to_one(node, op, name, "rms_norm")  # apply sets its scale to 1
+            return
         if type(op) is L.Rescaling or _is_op(op, "Multiply", "TrueDivide", "Divide"):
             self.scale(node, op)
             return
@@ -455,6 +464,18 @@ class _Walker:
         self.sums.add(wire, [v.gid for v in vs], [v.factor for v in vs])  # weights: ScaledSums.finalize
         self.vals[id(t)] = _Val(gid)
 
+    def product(self, node, op, name: str) -> None:
+        """``Multiply()([u, v])`` or ``u * v`` of two network tensors of one shape: a ``mul`` node."""
+        flat = _flat_args(node)
+        if len(flat) != 2 or any(not isinstance(a, keras.KerasTensor) for a in flat):
+            raise Unsupported("a product of other than two network tensors", "mul multiplies two tensors (u * v)")
+        if tuple(flat[0].shape) != tuple(flat[1].shape):
+            raise Unsupported(f"a product that broadcasts {tuple(flat[0].shape)} and {tuple(flat[1].shape)}")
+        srcs = [self.read(self.vals[id(a)], _describe(op)) for a in flat]
+        gid, t = self.new_id(name), node.outputs[0]
+        self.emit(gid, "mul", srcs, Entry(gid, "mul", op, "layer", tensor=id(t)))
+        self.vals[id(t)] = _Val(gid)
+
     def scale(self, node, op) -> None:
         t = node.outputs[0]
         if type(op) is L.Rescaling:
@@ -483,6 +504,16 @@ class _Walker:
         else:
             raise Unsupported("a constant divided by a network tensor")
         self.vals[id(t)] = _Val(v.gid, v.factor * f, id(t))
+
+
+def _flat_args(node) -> list:
+    args = node.arguments.args
+    return list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+
+
+def _tensors(node) -> int:
+    """How many of a call's arguments are Keras tensors."""
+    return sum(isinstance(a, keras.KerasTensor) for a in _flat_args(node))
 
 
 def _is_op(op, *names: str) -> bool:
