@@ -21,6 +21,7 @@ from ..engine.solve import solve
 from ..schemas.solve import SolveRequest
 from ..settings import Settings, get_settings
 from ..storage import make_cache
+from ..storage.redis_config import check_at_start
 from .auth import KeyChecker, check_keys
 from .coldpool import SolverPool
 from .deps import Offload, read_access, stored_read_access
@@ -108,6 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     state.limits = make_limits(settings)
     state.keys = KeyChecker(settings.api_keys, failures=state.limits.failed_auth, admin_csv=settings.admin_keys)
     state.cache = make_cache(settings)
+    if state.cache.backend == "redis":  # an evicting Redis: no server (storage/redis_config.py)
+        check_at_start(state.cache.r)
     cold = state.limits.cold_solves
     state.solutions = SolutionService(
         state.cache,

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..storage import CacheUnavailable
 from .observability import MEMORY_BYTES, MEMORY_ENTRIES, OPEN_CONNECTIONS, SOLVER_PROCESSES
@@ -27,6 +27,7 @@ log = logging.getLogger("sigprop")
 
 INTERVAL_S = 0.5
 STALE_S = 5.0
+CONFIG_EVERY_S = 5.0  # how often Redis' settings are read again (storage/redis_config.py)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -35,6 +36,9 @@ class StoreState:
     reachable: bool
     storage: str  # ok, degraded (refuses writes), unreachable
     at: float  # time.monotonic() of the check
+    # Redis only: whether its settings can drop accepted work (ok, degraded, unsafe, unknown) and why
+    config: str | None = None
+    config_note: str = ""
 
 
 def check_store(cache) -> StoreState:
@@ -83,12 +87,19 @@ class ProbeState:
         self.cache, self.solutions = cache, solutions
         self.interval_s, self.stale_s = interval_s, stale_s
         self.store = StoreState(False, "unreachable", 0.0)
+        self._config: tuple[str, str] | None = None  # Redis' settings as last read: (state, note)
+        self._config_at = -CONFIG_EVERY_S
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def refresh(self) -> None:
         try:
-            self.store = check_store(self.cache)
+            store = check_store(self.cache)
+            if store.reachable:
+                self._check_config()
+            if self._config is not None:
+                store = replace(store, config=self._config[0], config_note=self._config[1])
+            self.store = store
         except Exception as exc:  # noqa: BLE001 - a probe must report, never die
             log.warning("readiness check failed: %s", exc)
             self.store = StoreState(False, "unreachable", time.monotonic())
@@ -96,6 +107,20 @@ class ProbeState:
             sample_memory(self.solutions)
         except Exception as exc:  # noqa: BLE001 - the gauges are best effort, the probe is not
             log.warning("memory sample failed: %s", exc)
+
+    def _check_config(self) -> None:
+        """Read Redis' settings again every ``CONFIG_EVERY_S`` (they can change at run time)."""
+        read = getattr(self.cache, "config_state", None)
+        if read is None or time.monotonic() - self._config_at < CONFIG_EVERY_S:
+            return
+        self._config_at = time.monotonic()
+        try:
+            found = read()
+        except CacheUnavailable:
+            return  # kept from the last read; the store's own state says unreachable
+        if self._config is not None and found.state != self._config[0] and found.state != "ok":
+            log.warning("Redis settings now %s: %s", found.state, found.note)
+        self._config = (found.state, found.note)
 
     def current(self) -> StoreState:
         """The last check, or unreachable when none completed for ``stale_s``."""

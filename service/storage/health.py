@@ -23,6 +23,9 @@ _REDIS_REFUSALS = ("OOM", "READONLY", "MISCONF", "NOREPLICAS")
 # SQLite result codes (their names, Python 3.11+) that mean the same
 _SQLITE_REFUSALS = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN")
 
+# how long calls fail fast after one could not reach the store (StorageHealth.lost)
+LOST_S = 1.0
+
 NOT_STORED = (
     "the solution cache refuses writes (full or read-only): this answer was solved without it and is not stored"
 )
@@ -48,10 +51,13 @@ class StorageHealth:
     newer than the last write that succeeded and younger than ``recent_s`` (the store may have been
     freed meanwhile; the probe in ``writable()`` says for sure)."""
 
-    def __init__(self, recent_s: float = 60.0):
+    def __init__(self, recent_s: float = 60.0, lost_s: float = LOST_S):
         self.recent_s = recent_s
         self.refused_at = 0.0
         self.stored_at = 0.0
+        # after a call timed out or lost its connection, calls fail at once until then (monotonic)
+        self.lost_s = lost_s
+        self.lost_until = 0.0
         self._listeners: list[Callable[[str, int], None]] = []
         self._lock = threading.Lock()
 
@@ -82,6 +88,16 @@ class StorageHealth:
     def evicted(self, what: str, n: int) -> None:
         if n:
             self._emit(f"evicted_{what}", n)
+
+    def lost(self) -> None:
+        """A call could not reach the store (timeout, connection lost): for ``lost_s`` the calls
+        that would wait for it fail at once instead (``suspended``), so during a Redis stall a
+        request pays at most one socket timeout, not one per call it makes."""
+        self.lost_until = time.monotonic() + self.lost_s
+
+    @property
+    def suspended(self) -> bool:
+        return time.monotonic() < self.lost_until
 
     @property
     def degraded(self) -> bool:

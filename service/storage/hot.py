@@ -122,7 +122,7 @@ class HotAnswers:
         found = self.hit(key)
         if found is not None:
             return found[0]
-        if not self._connected():
+        if self._health.suspended or not self._connected():  # Redis just timed out: no wait here
             return None
         with self._lock:
             seq = self._seq
@@ -135,6 +135,7 @@ class HotAnswers:
         except redis.ResponseError:
             return None  # not a hash (a damaged entry): the cache's own read says so and repairs
         except (redis.RedisError, OSError, ValueError):
+            self._health.lost()  # the cache's own calls fail at once for a moment too
             self._down()
             return None
         text = self._verified(answer, digest)
@@ -225,6 +226,8 @@ class HotAnswers:
             sub, track = self._connect()
         except (redis.RedisError, OSError, ValueError) as exc:
             log.debug("hot answers: no tracking connection (%s)", exc)
+            if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                self._health.lost()
             return False
         with self._lock, self._io:
             self._sub, self._track = sub, track
@@ -293,9 +296,13 @@ class HotAnswers:
             batch, self._pending = self._pending, {}
         if not batch:
             return
+        if self._health.suspended:  # Redis just timed out: kept for the next flush, no wait now
+            self._requeue(batch)
+            return
         try:
             refused = self._write(batch)
         except (redis.ConnectionError, redis.TimeoutError, OSError):
+            self._health.lost()
             self._requeue(batch)
             return
         except redis.RedisError as exc:  # refused (full, read-only): counted as refused, not kept

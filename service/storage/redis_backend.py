@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from typing import Any
 
 import redis
 
-from . import redis_scripts
+from . import redis_config, redis_scripts
 from .health import NOT_STORED, StorageHealth, write_refused
 from .hot import HotAnswers
 from .records import (
@@ -103,9 +104,17 @@ class RedisSolutionCache:
         return self._PREFIX + ":".join(parts)
 
     def _call(self, fn, *args, **kwargs):
+        if self.health.suspended:  # a call just timed out: fail at once (StorageHealth.lost)
+            raise CacheUnavailable("Redis did not answer a moment ago (timeout or lost connection)")
+        return self._reach(fn, *args, **kwargs)
+
+    def _reach(self, fn, *args, **kwargs):
+        """``fn`` against Redis, its failures as the cache's exceptions; a call that times out or
+        loses its connection suspends the others for ``StorageHealth.lost_s``."""
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self.health.lost()
             raise CacheUnavailable(str(exc)) from None
         except redis.ResponseError as exc:
             if write_refused(exc):
@@ -348,11 +357,16 @@ return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), 
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             return False
 
+    def config_state(self):
+        """Whether Redis' own settings can drop accepted work (``redis_config.check``): for
+        ``/readyz``; ``CacheUnavailable`` when Redis does not answer."""
+        return self._reach(redis_config.check, self.r)
+
     def writable(self) -> bool:
         """Whether Redis takes a write now (a probe key with a short expiry). OOM and READONLY are
         states of the whole server, so a probe that succeeds also ends a degraded spell."""
-        try:
-            self._call(self.r.set, self._k("probe"), repr(time.time()), px=10_000)
+        try:  # not suspended by a recent timeout: this probe is what finds Redis back
+            self._reach(self.r.set, self._k("probe"), repr(time.time()), px=10_000)
         except StorageFull:
             return False
         self.health.stored()
@@ -367,7 +381,21 @@ return {h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '0', part('targets'), 
         try:
             self.r.eval(self._RELEASE, 1, self._k("lock", key), token)
         except (redis.ConnectionError, redis.TimeoutError, OSError):
-            pass  # the lock expires by itself
+            # a stall outlasting the release: released once Redis answers, not held for the lock's
+            # whole expiry (the key's next request waited 30 s for it, then answered 503)
+            threading.Thread(target=self._release_later, args=(key, token), daemon=True).start()
+
+    def _release_later(self, key, token, every_s: float = 0.5, give_up_s: float = 120.0) -> None:
+        until = time.monotonic() + give_up_s
+        while time.monotonic() < until:
+            time.sleep(every_s)
+            try:
+                self.r.eval(self._RELEASE, 1, self._k("lock", key), token)  # only if still ours
+                return
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                continue
+            except redis.RedisError:
+                return
 
     def close(self):
         if self._hot is not None:

@@ -7,7 +7,12 @@ A store that answers but refuses writes (full, read-only) leaves ``/readyz`` at 
 ``"storage": "degraded"``: this process still answers every solve (hits from the store, cold
 solves without storing them), and every replica shares the same store, so a 503 would only have an
 orchestrator restart or unroute all of them, turning a degraded service into none. The degraded
-state is for alerts: the body says it, and ``sigprop_storage_events_total`` counts the refusals."""
+state is for alerts: the body says it, and ``sigprop_storage_events_total`` counts the refusals.
+
+With Redis, ``"redis_config"`` says whether Redis' own settings can drop accepted work (``ok``,
+``degraded``: persistence that loses writes on a restart or crash, ``unsafe``: an eviction policy,
+which the API refuses at start, ``unknown``: ``CONFIG GET`` refused), ``"redis_config_note"`` why;
+it leaves the status code alone, for the reason above (docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -43,6 +48,10 @@ async def readyz(request: Request):
             "the store refuses writes (full or read-only): solves are answered but not stored, "
             "hits are not counted, validations are refused with 503 storage_full"
         )
+    if store.config is not None:  # Redis: can its own settings drop accepted work? (redis_config.py)
+        body["redis_config"] = store.config
+        if store.config_note:
+            body["redis_config_note"] = store.config_note
     return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
 
