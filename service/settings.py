@@ -205,12 +205,14 @@ class Settings(NodeLimit):
         default=1, ge=1, le=64, description="without Redis: validations run at once in the API process"
     )
     worker_heartbeat_s: int = Field(
-        default=10,
+        default=2,
         ge=1,
         description="a worker refreshes its running job's heartbeat this often; a job unrefreshed for this + 5 s is abandoned",
     )
     worker_maintenance_s: int = Field(
-        default=30, ge=1, description="how often a worker looks for abandoned jobs to retry (RQ registry cleanup)"
+        default=2,
+        ge=1,
+        description="how often a worker (idle or busy) looks for abandoned jobs to retry; a killed worker's job is queued again within heartbeat + 5 + 2 x this seconds",
     )
     # trust boundaries: Redis credentials, datasets, failed API keys
     redis_username: str | None = Field(

@@ -50,7 +50,8 @@ from .trust import SigpropJob, refusal
 log = logging.getLogger("sigprop")
 
 HEARTBEAT_SLACK_S = 5
-RESTART_DELAY_S = 1.0
+RESTART_DELAY_S = 1.0  # the first wait before a worker that lost Redis starts again
+RESTART_DELAY_MAX_S = 30.0  # the longest: the wait doubles while Redis keeps failing
 _PR_SET_PDEATHSIG = 1
 
 
@@ -133,10 +134,22 @@ class SigpropWorker(Worker):
         except Exception:  # noqa: BLE001 - the RQ side is recorded anyway; never crash the worker
             log.exception("could not record the failure of validation %s", job.id)
 
-    # -- cancel grace ---------------------------------------------------------------------------------
+    # -- cancel grace, and recovery while busy --------------------------------------------------------
     def maintain_heartbeats(self, job, *args, **kwargs):
         super().maintain_heartbeats(job, *args, **kwargs)
         self._enforce_cancel(job)
+        self._recover_while_busy()
+
+    def _recover_while_busy(self) -> None:
+        """RQ runs maintenance only between jobs: with every other worker busy, a dead worker's
+        job would wait for one to finish before it is even marked ``queued`` again. A busy worker
+        looks too, on its heartbeat, so the re-run bound holds whoever is idle."""
+        if not self.should_run_maintenance_tasks:
+            return
+        try:
+            self.clean_registries()
+        except redis.RedisError as exc:  # asked again on the next heartbeat
+            log.warning("registry maintenance failed (%s); trying again", exc)
 
     def _enforce_cancel(self, job) -> None:
         """Stop the job through RQ once its cancel is older than the grace period."""
@@ -159,15 +172,17 @@ class SigpropWorker(Worker):
 
 
 def _wait_for_redis(connection, max_wait_s: float = 5.0) -> None:
-    """Block until Redis answers. A worker started during an outage (or before Redis in a compose
-    stack) waits for it instead of exiting; once running, RQ's own loop rides out outages."""
+    """Block until Redis answers and takes a write. A worker started during an outage (or before
+    Redis in a compose stack) waits for it instead of exiting; one facing a Redis that refuses
+    writes (OOM under noeviction, READONLY) waits too, before it dequeues anything: RQ pops a job
+    off the queue before it writes that it started it, and a refused write then loses the job."""
     wait = 0.2
     while True:
         try:
-            connection.ping()
+            connection.set("sigprop:worker-probe", "1", px=10_000)
             return
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            log.warning("Redis is not reachable (%s); retrying in %.1f s", exc, wait)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("Redis does not take writes (%s: %s); retrying in %.1f s", type(exc).__name__, exc, wait)
             time.sleep(wait)
             wait = min(wait * 2, max_wait_s)
 
@@ -206,24 +221,34 @@ def run_worker(settings, queues: list[str] | None = None, burst: bool = False, n
     except ImportError:
         pass
     connection = redis.Redis.from_url(settings.redis_url)
+    delay = RESTART_DELAY_S
     for generation in itertools.count():
         _wait_for_redis(connection)
-        worker = SigpropWorker(
-            queues or [settings.validation_queue or QUEUE_NAME],
-            connection=connection,
-            name=name if name is None or generation == 0 else f"{name}-{generation}",
-            job_monitoring_interval=settings.worker_heartbeat_s,
-            maintenance_interval=settings.worker_maintenance_s,
-            cancel_grace_s=settings.validation_cancel_grace_s,
-        )
+        started = time.monotonic()
+        worker = None
         try:
+            worker = SigpropWorker(
+                queues or [settings.validation_queue or QUEUE_NAME],
+                connection=connection,
+                name=name if name is None or generation == 0 else f"{name}-{generation}",
+                job_monitoring_interval=settings.worker_heartbeat_s,
+                maintenance_interval=settings.worker_maintenance_s,
+                cancel_grace_s=settings.validation_cancel_grace_s,
+            )
             worked = worker.work(burst=burst, logging_level=settings.log_level)
             if burst or worker.stop_requested:
                 return worked
-            log.warning("the worker left its loop on an error; starting again once Redis answers")
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            if worker.stop_requested:
+            log.warning("the worker left its loop on an error; starting again in %.0f s", delay)
+        except (redis.RedisError, OSError) as exc:
+            # a Redis that refuses writes (OOM under noeviction, READONLY, MISCONF) as well as one
+            # that is gone or stalled: the worker waits and starts again, it never exits (issue 35)
+            if worker is not None and worker.stop_requested:
                 return False
-            log.warning("the worker lost Redis (%s); starting again once Redis answers", exc)
-        time.sleep(RESTART_DELAY_S)
+            log.warning("the worker lost Redis (%s: %s); starting again in %.0f s", type(exc).__name__, exc, delay)
+        if time.monotonic() - started > RESTART_DELAY_MAX_S:
+            delay = RESTART_DELAY_S  # it ran a good while: a new failure starts the backoff over
+        time.sleep(delay)
+        if worker is not None and worker.stop_requested:  # SIGTERM while it waited
+            return False
+        delay = min(delay * 2, RESTART_DELAY_MAX_S)
     return False  # pragma: no cover - the loop only returns
