@@ -15,6 +15,7 @@ tensor's shape, which is checked against the graph's shape rules node by node. W
 * ``Relu``, ``LeakyRelu``, ``Tanh``, ``Sigmoid``, ``Softplus``, ``Softsign``, ``Elu``, ``Selu``,
   ``Gelu``, ``Erf``, ``Atan``, ``Asinh``, ``x * Sigmoid(x)`` (swish) and ``x * (1 + Erf(x / sqrt(2)))
   * 0.5`` (GELU as exporters write it before opset 20) -> ``activation``;
+* ``Mul`` of two network tensors of one shape -> ``mul``; ``RMSNormalization`` of ``[B, F]`` -> ``rms_norm``;
 * ``Add`` and ``Sum`` of network tensors -> ``sum``; ``Mul``/``Div`` by a scalar constant is a
   factor on a sum's input or output (``(x + h) / sqrt(2)``, ``0.8 x + 0.6 h``): the sum's weights.
   An unscaled add gets the equal weights ``1/sqrt(n)``, as ``graph_from_module`` gives it;
@@ -309,7 +310,13 @@ class _Importer:
         if t == "Identity":
             self.one(node, name, "identity")
             return None
-        if t in _NORMS:
+        rank = len(self.shapes.get(node.input[0]) or [])
+        if t == "RMSNormalization" and rank == 2 and int(a.get("axis", -1)) in (-1, 1):  # opset 23, [B, F]
+            if not np.all(self.weight(node.input[1], "scale") == 1.0):
+                raise _Unsupported("RMSNormalization with a scale other than 1", "export it with scale 1")
+            self.one(node, name, "rms_norm")
+            return None
+        if t in _NORMS | {"RMSNormalization"}:
             raise _Unsupported("a normalization layer, which the Q/C map analysis does not model", _NORM_HINT)
         if t in ("Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN", "Gather"):
             raise _Unsupported("attention, embeddings and recurrent ops are not supported yet")
@@ -474,6 +481,13 @@ class _Importer:
 
     def scale(self, node, name: str, t: str) -> None:
         a, b = node.input[0], node.input[1]
+        if t == "Mul" and a in self.vals and b in self.vals:  # a gated MLP's gate: two tensors of one shape
+            if self.shapes.get(a) != self.shapes.get(b):
+                raise _Unsupported(f"a Mul that broadcasts {self.shapes.get(a)} and {self.shapes.get(b)}")
+            gid = self.new_id(name)
+            self.emit(gid, "mul", [self.read(self.vals[a], f"'{gid}'"), self.read(self.vals[b], f"'{gid}'")])
+            self.vals[node.output[0]] = _Val(gid)
+            return
         if (a in self.vals) == (b in self.vals):
             raise _Unsupported(f"a {t} of two network tensors", "the graph multiplies values by constants only")
         const = self.const(b if a in self.vals else a)
