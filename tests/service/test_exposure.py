@@ -10,7 +10,7 @@ import pytest
 from sigprop import cli
 from sigprop.settings import Settings
 
-from ..inprocess import app_client
+from ..inprocess import KEY_ONE, app_client, basic
 from ..service_fixtures import LOOPBACK, assert_error, free_port, metric_value, start_service
 
 SURFACES = {
@@ -48,8 +48,11 @@ def test_closed_surfaces_answer_404_naming_their_setting_and_the_api_still_answe
         assert c.get("/docsx").status_code == 404 and c.get("/metricsfoo").status_code == 404  # no prefix games
     opened = {"expose_docs": True, "expose_dashboard": True, "expose_metrics": True}
     with app_client(tmp_path, **opened) as c:
-        for path in ("/docs", "/redoc", "/openapi.json", "/dashboard", "/metrics"):
+        for path in ("/docs", "/redoc", "/openapi.json", "/metrics"):
             assert c.get(path).status_code == 200, path
+        # the dashboard is served, and shows stored submissions: with keys configured, to a key
+        assert_error(c.get("/dashboard"), 401, "unauthorized")
+        assert c.get("/dashboard", headers=basic(KEY_ONE)).status_code == 200
 
 
 def test_serve_on_loopback_turns_them_on_unless_set(monkeypatch):

@@ -21,6 +21,7 @@ from ..inprocess import KEY_ONE, KEY_TWO, app_client, basic, bearer, mlp, valida
 from ..service_fixtures import assert_error, service_env
 
 ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "sec-admin-key-0123456789abc"
 
 
 def _example_keys() -> str:
@@ -75,6 +76,25 @@ def test_create_app_refuses_low_entropy_keys(tmp_path, key):
     assert key not in str(info.value) and "token_urlsafe" in str(info.value)
 
 
+def test_admin_keys_are_held_to_the_same_strength(tmp_path):
+    """Admin keys are API keys that may do more: a weak one is refused by name of its setting."""
+    with pytest.raises(WeakKeys, match="SIGPROP_ADMIN_KEYS: key 1 of 1"):
+        create_app(Settings(data_dir=tmp_path, redis_url=None, api_keys=KEY_ONE, admin_keys="change-me"))
+    env = service_env(
+        {"SIGPROP_API_KEYS": KEY_ONE, "SIGPROP_ADMIN_KEYS": "abc123secret", "SIGPROP_DATA_DIR": str(tmp_path)}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "sigprop.cli", "serve", "--port", "1"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "SIGPROP_ADMIN_KEYS" in proc.stderr and "abc123secret" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("keys", ["example", "short", "short-among-good"])
 def test_serve_refuses_to_start_with_weak_keys(tmp_path, keys):
     value = {
@@ -113,14 +133,15 @@ def test_wrong_key_floods_are_limited(tmp_path):
 def test_wrong_keys_never_lock_out_a_right_key(tmp_path):
     """The issue's case: 25 wrong keys from one address (over the default 20/minute), then the right
     key from that same address (a NAT, or a proxy not in SIGPROP_TRUSTED_PROXIES) is answered."""
-    with app_client(tmp_path) as c:
+    with app_client(tmp_path, admin_keys=ADMIN) as c:
         wrong = [bearer(f"guess-{i:02d}-0123456789abcdef") for i in range(25)]
         codes = [c.post("/v1/validations", headers=h, json=validation()).status_code for h in wrong]
         assert codes == [403] * 20 + [429] * 5, codes  # guessing is still slowed down
         for headers in (bearer(KEY_ONE), basic(KEY_TWO)):
             r = c.post("/v1/validations", headers=headers, json=validation())
             assert r.status_code == 202, r.text
-        assert c.delete("/v1/solutions/" + "0" * 64, headers=bearer(KEY_ONE)).status_code == 404
+        # (deleting a cached solution takes an admin key: a right one reaches the handler, 404 here)
+        assert c.delete("/v1/solutions/" + "0" * 64, headers=bearer(ADMIN)).status_code == 404
         # ... and the flood goes on being refused, between and after the right key's requests
         assert_error(c.post("/v1/validations", headers=wrong[0], json=validation()), 429, "rate_limited")
         assert_error(c.delete("/v1/solutions/" + "0" * 64, headers=basic("still-guessing-0123")), 429, "rate_limited")
@@ -141,8 +162,8 @@ def test_failed_auth_counts_are_shared_through_redis(tmp_path):
     try:
         wrong = bearer("not-the-key-0123456789")
         with (
-            app_client(tmp_path / "a", redis_url=server.url, rate_limit_failed_auth="4/minute") as a,
-            app_client(tmp_path / "b", redis_url=server.url, rate_limit_failed_auth="4/minute") as b,
+            app_client(tmp_path / "a", redis_url=server.url, rate_limit_failed_auth="4/minute", admin_keys=ADMIN) as a,
+            app_client(tmp_path / "b", redis_url=server.url, rate_limit_failed_auth="4/minute", admin_keys=ADMIN) as b,
         ):
             codes = [
                 (a if i % 2 else b).delete("/v1/solutions/" + "0" * 64, headers=wrong).status_code for i in range(4)
@@ -151,6 +172,6 @@ def test_failed_auth_counts_are_shared_through_redis(tmp_path):
             assert_error(a.delete("/v1/solutions/" + "0" * 64, headers=wrong), 429, "rate_limited")
             assert_error(b.delete("/v1/solutions/" + "0" * 64, headers=wrong), 429, "rate_limited")
             # the other process counts the same failures, and lets the right key through all the same
-            assert b.delete("/v1/solutions/" + "0" * 64, headers=bearer(KEY_ONE)).status_code == 404
+            assert b.delete("/v1/solutions/" + "0" * 64, headers=bearer(ADMIN)).status_code == 404
     finally:
         server.stop()
