@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import operator
 import re
 from dataclasses import dataclass, fields
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..errors import SigpropError
 from ..schemas.graph import Template
-from ..schemas.ops import OP_TABLE, SUM
+from ..schemas.ops import MAX_PAIR, OP_TABLE, PASS, SUM
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
 from ..version import ENGINE_VERSION
@@ -162,7 +163,15 @@ def solve_canonical(prep: Prepared) -> Solution:
         # issue 34: the maps are per location; pooling several locations is the identity on them only
         # for inputs whose locations agree, which no graph says (a client's example_input calibration
         # measures these nodes): not a prediction, so holds is false, with pooling_warnings' words
-        given.extra_violations.extend(v for v in pooled_locations(graph) if v not in given.extra_violations)
+        pooled = pooled_locations(graph)
+        given.extra_violations.extend(v for v in pooled if v not in given.extra_violations)
+        notes += [
+            f"max_pool '{graph.nodes[v].user_id}' takes the maximum of neighbouring entries of a flattened map, "
+            "which are neighbouring locations of one channel: correlated by the input, where the pair's map "
+            "needs independent entries (pool before flattening, or pool a dense layer's units)"
+            for v in pooled
+            if OP_TABLE[graph.nodes[v].op].kind == MAX_PAIR
+        ]
         answer.warnings = notes + answer.warnings + _degenerate(request, answer)
         answer.subnetworks = SUBNETWORK_CONVENTION
         answer.assumptions = AssumptionReport(
@@ -185,13 +194,28 @@ def solve_canonical(prep: Prepared) -> Solution:
 def pooled_locations(graph: NetworkGraph) -> list[int]:
     """Pooling nodes that mix more than one location: the window their row reads (``OpRule.window``)
     is above one entry, e.g. avg_pool / max_pool with a window above 1 x 1, global_avg_pool of a map
-    larger than 1 x 1."""
+    larger than 1 x 1; and pairs of features (``max_pool_pairs``) read from a flattened map of more
+    than one location, whose neighbouring entries are neighbouring locations of one channel: correlated
+    by the input, where the pair's closed form needs independent entries."""
     nodes = graph.nodes
-    return [
-        nd.index
-        for nd in nodes
-        if OP_TABLE[nd.op].pool and OP_TABLE[nd.op].window(nd.attrs, nodes[nd.inputs[0]].shape) > 1
-    ]
+    out = []
+    for nd in nodes:
+        row = OP_TABLE[nd.op]
+        if row.pool and row.window(nd.attrs, nodes[nd.inputs[0]].shape) > 1:
+            out.append(nd.index)
+        elif row.kind == MAX_PAIR and _reads_flattened_locations(nodes, nd.inputs[0]):
+            out.append(nd.index)
+    return out
+
+
+def _reads_flattened_locations(nodes, i: int) -> bool:
+    """Whether node ``i`` is, through pass-through ops, a map of more than one location flattened."""
+    while OP_TABLE[nodes[i].op].kind == PASS and nodes[i].inputs:
+        src = nodes[i].inputs[0]
+        if OP_TABLE[nodes[i].op].to_features and math.prod(nodes[src].shape[1:]) > 1:
+            return True
+        i = src
+    return False
 
 
 def _sequence_view(graph: NetworkGraph, named: NetworkGraph, request: SolveRequest) -> SequenceView | None:

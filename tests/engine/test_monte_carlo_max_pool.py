@@ -288,3 +288,27 @@ def test_a_spatial_max_pool_keeps_its_row():
     nd = next(nd for nd in graph.nodes if nd.user_id == "m")
     assert (nd.op, nd.kind, nd.shape) == ("max_pool", "pass", (8, 4, 4))
     assert not ans.assumptions.holds and any("max_pool" in w for w in ans.warnings)
+
+
+def _flattened_pairs(spatial: int) -> dict:
+    """conv -> flatten -> pairs of features: neighbouring entries are neighbouring locations of one
+    channel when the map has several locations (correlated by the input), distinct channels when it
+    has one."""
+    nodes = [
+        {"id": "c", "op": "conv", "inputs": ["x"], "channels": 8, "kernel": 1},
+        {"id": "f", "op": "flatten", "inputs": ["c"]},
+        {"id": "m", "op": "max_pool", "inputs": ["f"]},
+        {"id": "y", "op": "dense", "inputs": ["m"], "units": 16},
+        {"id": "out", "op": "output", "inputs": ["y"]},
+    ]
+    return _graph(nodes, shape=(3, spatial, spatial))
+
+
+def test_pairs_of_a_flattened_map_hold_only_for_one_location():
+    request = {"method": "eoc", "activation": "tanh", "targets": {}, "assumptions": "warn"}
+    _, ans = solve_request({"graph": _flattened_pairs(4), **request})
+    assert not ans.assumptions.holds and "m" in ans.assumptions.violations
+    assert any("flattened map" in w and "'m'" in w for w in ans.warnings)
+    assert any("flattened map" in w and "'m'" in w for w in ans.warnings)
+    _, ans = solve_request({"graph": _flattened_pairs(1), **request})
+    assert ans.assumptions.holds and not ans.assumptions.violations
