@@ -32,7 +32,9 @@ Kernel families of a ``cholesky_ratio`` (tokens indexed from 0):
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +46,7 @@ __all__ = [
     "kernel_factor",
     "exponential_cholesky",
     "cholesky_ratio",
+    "one_blas_thread",
 ]
 
 FORMS = ("cholesky_ratio", "value_skipinit", "shaped")
@@ -161,7 +164,8 @@ def expand_attention(generator: dict, seq_len: int, causal: bool) -> AttentionIn
         return AttentionInit(1.0, ones, plain, 1.0, causal, float(generator.get("temperature", 1.0)))
     if form != "cholesky_ratio":
         raise ValueError(f"unknown attention generator form {form!r}; expected one of {', '.join(FORMS)}")
-    a = cholesky_ratio(generator["target"], generator["source"], seq_len)
+    with one_blas_thread():  # U-SPA's Cholesky factors and solve: T^3 each
+        a = cholesky_ratio(generator["target"], generator["source"], seq_len)
     a[np.triu_indices(seq_len, 1)] = 0.0  # exact zeros above the diagonal (rounding of the solve)
     low = a.min()
     if low < -1e-10 * max(1.0, abs(a).max()):
@@ -174,6 +178,29 @@ def expand_attention(generator: dict, seq_len: int, causal: bool) -> AttentionIn
     with np.errstate(divide="ignore"):
         bias = np.log(a / scale[:, None])
     return AttentionInit(0.0, scale, bias, 0.0, causal)
+
+
+_controller = None
+_controller_lock = threading.Lock()
+
+
+def one_blas_thread():
+    """A context in which BLAS/LAPACK run on one thread (threadpoolctl; a no-op without it). Every
+    engine path runs BLAS this way: its matrices are at most 256 x 256, where threads gain little,
+    and the service runs several solver processes on few cores, where BLAS threads mostly wait for
+    each other: six concurrent U-SPA solves took 20-21.5 s each with OpenBLAS's default threads and
+    10.3-11 s with one (issue 35). The controller (which libraries are loaded) is read once, so
+    entering costs microseconds, not the 0.2 ms of ``threadpool_limits``."""
+    global _controller
+    if _controller is None:
+        with _controller_lock:
+            if _controller is None:
+                try:
+                    from threadpoolctl import ThreadpoolController
+                except ImportError:  # pragma: no cover - a dependency, but the engine works without it
+                    return contextlib.nullcontext()
+                _controller = ThreadpoolController()
+    return _controller.limit(limits=1, user_api="blas")
 
 
 def _gamma(family: dict) -> float:

@@ -121,16 +121,27 @@ def die_with_owner(owner: int) -> None:
     threading.Thread(target=_watch, args=(parent, owner), name="sigprop-solver-watchdog", daemon=True).start()
 
 
+def one_blas_thread() -> None:
+    """BLAS on one thread for the rest of this process (a solver): it shares the cores with the
+    other solvers, where BLAS threads mostly wait for each other (``attention_init.one_blas_thread``)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def _serve(conn, owner: int | None = None) -> None:
     """A worker process: answer ``(fn, args)`` jobs until the pipe closes, or until ``owner`` (the
     API process) dies. It runs at a lower CPU priority than the API, so cold solves take the CPU the
-    API processes leave, never the reverse."""
+    API processes leave, never the reverse, and runs BLAS on one thread."""
     if owner is not None:
         die_with_owner(owner)
     try:
         os.nice(SOLVER_NICE)
     except OSError:
         pass
+    one_blas_thread()
     while True:
         try:
             fn, args = conn.recv()
