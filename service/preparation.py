@@ -34,6 +34,10 @@ from .schemas.ops import ATTENTION, OP_TABLE
 # ops that take any number of inputs (their row's arity has no upper bound): what max_fan_in limits
 _UNBOUNDED_FAN_IN = frozenset(op for op, row in OP_TABLE.items() if row.arity[1] is None)
 
+# About the nanoseconds of one core a node or an edge of a graph costs to solve (MLP and ladder
+# graphs, 10-17 us each: ``bench/cost_bench.py``): what converts a token-kernel price into nodes + edges.
+NS_PER_COST = 10_000
+
 COST_HINT = (
     "split the network or use a smaller template depth, or raise SIGPROP_MAX_SOLVE_COST "
     "(nodes + edges) on your own deployment"
@@ -102,9 +106,10 @@ def _check_cost(cost: tuple[int, int], budget: int | None, what: str) -> None:
         )
 
 
-def check_template(t: Template, limits: Limits) -> TemplateSize | None:
+def check_template(t: Template, limits: Limits, shaping: str | None = None) -> TemplateSize | None:
     """A template's size from its parameters, refused (413) over any limit; None when its
-    parameters are invalid (the expansion says why)."""
+    parameters are invalid (the expansion says why). ``shaping``: the request's attention shaping
+    (its generators' price)."""
     size = template_size(t)
     if size is None:
         return None
@@ -117,7 +122,7 @@ def check_template(t: Template, limits: Limits) -> TemplateSize | None:
         raise fan_in_error(f"a concat of template '{t.template}'", size.fan_in, limits.max_fan_in)
     _check_cost((size.nodes, size.edges), limits.max_cost, what)
     if t.template == "transformer":  # its tokens and token-kernel price, before it is built
-        _check_tokens(transformer_param(t, "seq_len"), t.depth or 0, size.nodes - t.depth, limits)
+        _check_tokens(transformer_param(t, "seq_len"), t.depth or 0, size.nodes - t.depth, limits, shaping)
     return size
 
 
@@ -129,7 +134,7 @@ def admit(data, limits: Limits) -> Admitted:
             template = Template.model_validate(raw)
         except ValidationError:
             return Admitted(data, None, None)  # validation says why
-        size = check_template(template, limits)
+        size = check_template(template, limits, _shaping(data))
         return Admitted(data, None if size is None else size.nodes + size.edges, size)
     nodes = raw.get("nodes") if isinstance(raw, dict) else None
     if not isinstance(nodes, list):
@@ -159,26 +164,50 @@ def prepare_admitted(admitted: Admitted, limits: Limits) -> Prepared:
         depth = prep.graph.depth()
         if depth > limits.max_depth:
             raise too_deep(depth, limits.max_depth)
-    check_tokens(prep.graph, limits)
+    check_tokens(prep.graph, limits, _shaping(admitted.data))
     return prep
 
 
-def check_tokens(graph, limits: Limits) -> None:
+def check_tokens(graph, limits: Limits, shaping: str | None = None) -> None:
     """Refuse (413) a sequence graph whose tokens or token-kernel propagation exceed the limits."""
-    tokens = max((nd.shape[0] for nd in graph.nodes if nd.attrs.get("sequence")), default=0)
+    tokens = _tokens(graph)
     if tokens:
         attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
-        _check_tokens(tokens, attention, graph.n - attention, limits)
+        _check_tokens(tokens, attention, graph.n - attention, limits, shaping)
 
 
-def _check_tokens(tokens: int, attention: int, others: int, limits: Limits) -> None:
+def _tokens(graph) -> int:
+    return max((nd.shape[0] for nd in graph.nodes if nd.attrs.get("sequence")), default=0)
+
+
+def _shaping(data) -> str | None:
+    """The attention shaping a request body names (None: none, or not a request)."""
+    attention = data.get("attention") if isinstance(data, dict) else None
+    shaping = attention.get("shaping") if isinstance(attention, dict) else None
+    return shaping if isinstance(shaping, str) else None
+
+
+def solve_price(graph, shaping: str | None = None) -> int:
+    """What a built graph's solve costs, in the unit of ``max_cost`` (nodes plus edges, about
+    ``NS_PER_COST`` ns each): its nodes plus edges, plus a sequence graph's token-kernel propagation
+    (``token_work``, in ns) converted. What chooses a cold solve's lane: a transformer of few nodes
+    and a long token kernel is large, whatever its family (issue 35)."""
+    price = graph.n + sum(len(nd.inputs) for nd in graph.nodes)
+    tokens = _tokens(graph)
+    if tokens:
+        attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
+        price += token_work(tokens, attention, graph.n - attention, shaping) // NS_PER_COST
+    return price
+
+
+def _check_tokens(tokens: int, attention: int, others: int, limits: Limits, shaping: str | None = None) -> None:
     if limits.max_seq_len is not None and tokens > limits.max_seq_len:
         raise SigpropError(
             "graph_too_large",
             f"the graph's sequences have {tokens} tokens, more than this service's limit of {limits.max_seq_len}",
             "use a shorter seq_len (the answer's attention generators hold for any length)",
         )
-    work = token_work(tokens, attention, others)
+    work = token_work(tokens, attention, others, shaping)
     if limits.max_token_work is not None and work > limits.max_token_work:
         raise SigpropError(
             "graph_too_large",

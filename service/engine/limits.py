@@ -26,13 +26,22 @@ DEFAULT_MAX_SEQ_LEN = 65_536  # SIGPROP_MAX_SEQ_LEN's default: T, which only the
 # (tests/engine/test_transformer_solve.py, slow); a 72-block transformer at T >= 256 costs 2.3e9.
 TOKEN_NODE_PRICE = 3 << 17
 TOKEN_PAIR_PRICE = 12
+# U-SPA's generators are Cholesky ratios of two uniform kernels, each a T x T Cholesky factorization
+# and a triangular solve per attention node (E-SPA's have a closed form): measured 1.4-1.6 times
+# E-SPA's time at 100 and 190 blocks, T = 256, two solves at once (bench/README.md, "Prices of
+# sequence solves"); priced as K^3 / 2 more per attention node.
+SHAPING_CUBE_PRICE = {"u-spa": 0.5}
 DEFAULT_MAX_TOKEN_WORK = 5_000_000_000
 
 
-def token_work(tokens: int, attention_nodes: int, other_nodes: int) -> int:
-    """The price of a sequence graph's token-kernel propagation (see ``DEFAULT_MAX_TOKEN_WORK``)."""
+def token_work(tokens: int, attention_nodes: int, other_nodes: int, shaping: str | None = None) -> int:
+    """The price of a sequence graph's token-kernel propagation (see ``DEFAULT_MAX_TOKEN_WORK``),
+    with its attention shaping's generators (``SHAPING_CUBE_PRICE``)."""
     k = min(tokens, MAX_TOKEN_KERNEL)
-    return attention_nodes * k**3 + (attention_nodes + other_nodes) * (TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * k * k)
+    cube = 1.0 + SHAPING_CUBE_PRICE.get(shaping or "", 0.0)
+    return int(attention_nodes * cube * k**3) + (attention_nodes + other_nodes) * (
+        TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * k * k
+    )
 
 
 @dataclass(frozen=True)
