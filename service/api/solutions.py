@@ -14,7 +14,9 @@ graph) is checked against ``max_cost`` and the client's cold-solve budget is che
 counting) before the graph is built; the body memo is bounded in bytes and only remembers admitted
 requests. A request is prepared once, here or (a large body, or a template past ``small_cost``) in
 a solver process, and the solver process that solves it receives the prepared form. A cold
-answer's store write may wait until the answer is sent (``finish(defer=True)``).
+answer is stored before it is sent, so an answer that was not stored says so (a warning): the
+write was once left until after the send, and a Redis stall starting in between lost an answer
+whose reply said nothing (issue 35).
 
 A cold solve carries its price (``preparation.solve_price``: nodes plus edges of the built graph,
 and a sequence graph's token-kernel work): at most ``small_cost``, it may take the solver pool's
@@ -95,8 +97,8 @@ class SolveOutcome:
     body: str | bytes  # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
     cached: bool
     key: str
-    # the cold answer's store write, left to run once the answer is sent (``finish(defer=True)``):
-    # it stores the answer and releases the single-flight lock; never raises
+    # work left to run once the answer is sent (never raises); None: nothing. A cold answer's store
+    # write is not left here: it is done before the answer, which then says whether it was stored
     store: Callable[[], None] | None = None
 
 
@@ -269,24 +271,22 @@ class SolutionService:
 
     def finish(self, cold: ColdSolve, deadline: float | None = None, defer: bool = False) -> SolveOutcome:
         """Solve what ``begin`` missed (single flight; killed at ``deadline``, a monotonic time).
-        ``defer``: the caller runs the outcome's ``store`` once the answer is sent (the route does,
-        as a background task), so the store write does not delay the answer."""
+        The answer is stored before it is returned, so its warnings say when it was not stored;
+        ``defer`` (the callers' flag from when the write followed the send) changes nothing."""
         if deadline is None:
             deadline = time.monotonic() + self.solve_timeout_s
-        text, cached, store = self._solve_once(cold, deadline, defer)
+        text, cached = self._solve_once(cold, deadline)
         answer = personalize_json(text, cold.parsed.ids, cold.parsed.graph_warnings + tuple(cold.notes), cached=cached)
-        return SolveOutcome(answer, cached, cold.parsed.key, store)
+        return SolveOutcome(answer, cached, cold.parsed.key)
 
     def check_size(self, graph: Template) -> None:
         """Refuse a template over the limits from its parameters alone, before anything is built
         (``graph_too_large``, 413): ``GET /v1/templates/{name}`` expands only what a solve may."""
         check_template(graph, self.limits)
 
-    def _solve_once(self, cold: ColdSolve, deadline: float, defer: bool = False) -> tuple[str, bool, Callable | None]:
-        """Single flight: one solver per key across processes; the others read its answer. With
-        ``defer``, a store that takes writes gets the answer after it is sent (the returned
-        callable): the lock is held until then, so a request for the same key meanwhile waits for
-        the stored answer (a hit, counted as one) rather than solving it again."""
+    def _solve_once(self, cold: ColdSolve, deadline: float) -> tuple[str, bool]:
+        """Single flight: one solver per key across processes; the others read its answer. The
+        answer is stored (or a note says why not) before the lock is released and it is returned."""
         key, notes = cold.parsed.key, cold.notes
         token = None
         if not notes:  # the cache answered the lookup, so it can hold the lock too
@@ -302,12 +302,12 @@ class SolutionService:
                     if found is not None:
                         self.cache.release(key, token)
                         CACHE.labels("hit").inc()
-                        return found, True, None
+                        return found, True
                     break
                 found = self._lookup(key, notes)
                 if found is not None:
                     CACHE.labels("hit").inc()
-                    return found, True, None
+                    return found, True
                 if time.monotonic() > wait_until:
                     break  # the other solver is stuck or slow: solve here too
                 time.sleep(_POLL_S)
@@ -318,32 +318,19 @@ class SolutionService:
             canonical = self._compute(cold, deadline)
             SOLVE_SECONDS.labels(cold.method).observe(time.perf_counter() - start)
             if notes:
-                return canonical, False, None
+                return canonical, False
             record = new_record(key, canonical, cold.request_text, list(cold.parsed.ids), cold.method, cold.activation)
-            if defer and token is not None and not self._refusing() and not self._too_large(record):
-                store, token = _DeferredStore(self.cache, record, token), None  # it releases the lock
-                return canonical, False, store
-            try:
+            try:  # within the Redis timeout: a stall makes this answer "not stored", never silent
                 self.cache.put(record)
             except StorageFull as exc:  # reachable but full or read-only: answered, not stored
                 notes.append(str(exc))
             except CacheUnavailable:
+                CACHE.labels("error").inc()
                 notes.append(CACHE_DOWN)
-            return canonical, False, None
+            return canonical, False
         finally:
             if token is not None:
                 self.cache.release(key, token)
-
-    def _too_large(self, record) -> bool:
-        """Whether the store will refuse ``record`` for its size (``SIGPROP_CACHE_MAX_BYTES``): known
-        before the write, so its answer says "not stored" and its write is not deferred."""
-        return bool(self.cache.max_bytes) and record.size > self.cache.max_bytes
-
-    def _refusing(self) -> bool:
-        """Whether the store refused a write lately: its answers then carry the "not stored"
-        warning, which needs the write done before the answer goes."""
-        health = getattr(self.cache, "health", None)
-        return health is not None and health.degraded
 
     def _compute(self, cold: ColdSolve, deadline: float) -> str:
         """The canonical answer JSON: in this thread when the inline lane takes it within its budget
@@ -429,31 +416,6 @@ class SolutionService:
         if not deleted:
             raise SigpropError("not_found", f"no stored solution has key {key}", "list keys with GET /v1/solutions")
         return {"key": key, "deleted": True}
-
-
-class _DeferredStore:
-    """A cold answer's store write and lock release, run once the answer is sent. A failed write
-    costs nothing but a recomputation later: it is logged and counted (the store's health and
-    the metrics), never raised into a response that is gone."""
-
-    def __init__(self, cache: SolutionCache, record, token):
-        self.cache, self.record, self.token = cache, record, token
-
-    def __call__(self) -> None:
-        try:
-            self.cache.put(self.record)
-        except StorageFull as exc:
-            log.warning("a cold answer was not stored: %s", exc)
-        except CacheUnavailable:
-            CACHE.labels("error").inc()
-            log.warning("a cold answer was not stored: the solution cache is unreachable")
-        except Exception:  # noqa: BLE001 - the answer is sent; the next request recomputes it
-            log.exception("storing a cold answer failed")
-        finally:
-            try:
-                self.cache.release(self.record.key, self.token)
-            except Exception:  # noqa: BLE001 - the lock expires after SIGPROP_LOCK_TIMEOUT_S
-                log.warning("could not release the single-flight lock of %s", self.record.key)
 
 
 def shaping_of(prep: Prepared) -> str | None:
