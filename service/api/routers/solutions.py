@@ -4,14 +4,14 @@ every caller, so none owns one, and only an admin key (``SIGPROP_ADMIN_KEYS``) m
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from ..auth import require_admin
+from ..auth import client_identity, require_admin
 from ..deps import Run, Solutions, require_key
 from ..openapi import ERRORS
+from ..priced import priced
 
 router = APIRouter(prefix="/v1/solutions", tags=["solutions"])
 SolutionKey = Annotated[str, Path(max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -30,9 +30,11 @@ async def list_solutions(
 
 
 @router.get("/{key}", responses=ERRORS)
-async def get_solution(key: SolutionKey, service: Solutions, run: Run):
-    # serialized in the thread too: a large stored answer never occupies the event loop
-    text = await run(lambda: json.dumps(service.get(key), separators=(",", ":"), ensure_ascii=False))
+async def get_solution(key: SolutionKey, request: Request):
+    # priced by its size: a large one counts as a cold solve and is rendered in a solver process,
+    # in turn with the cold solves (priced.py); never on the event loop
+    state = request.app.state
+    text = await priced(state).stored(key, client_identity(request, state.keys))
     return Response(text, media_type="application/json")
 
 

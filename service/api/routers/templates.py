@@ -7,12 +7,13 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from ...engine.templates.expand import describe_templates, expand_template
+from ...engine.templates.expand import describe_templates
 from ...errors import SigpropError
 from ...requests import invalid_request
 from ...schemas.graph import TEMPLATE_NAMES, Template
-from ..deps import Run, Solutions
+from ..auth import client_identity
 from ..openapi import ERRORS
+from ..priced import priced
 
 router = APIRouter(prefix="/v1/templates", tags=["templates"])
 
@@ -33,7 +34,7 @@ async def templates():
 
 
 @router.get("/{name}", responses=ERRORS)
-async def template(name: str, request: Request, service: Solutions, run: Run):
+async def template(name: str, request: Request):
     if name not in TEMPLATE_NAMES:
         raise SigpropError("not_found", f"no template named '{name}'", f"templates: {', '.join(TEMPLATE_NAMES)}")
     params: dict = {"template": name}
@@ -52,7 +53,7 @@ async def template(name: str, request: Request, service: Solutions, run: Run):
         t = Template.model_validate(params)
     except ValidationError as exc:
         raise invalid_request(exc, f"see GET /v1/templates for the parameters of '{name}'", default="query") from None
-    service.check_size(t)  # from the parameters, before building anything (graph_too_large, SIGPROP_MAX_SOLVE_COST)
-    # bounded by the checks above, and built in a thread: never on the event loop
-    text = await run(lambda: expand_template(t, max_nodes=service.limits.max_nodes).model_dump_json(by_alias=True))
+    # priced from the parameters before anything is built (413 over the limits); a large one counts
+    # as a cold solve and is built in a solver process, in turn with the cold solves (priced.py)
+    text = await priced(request.app.state).template(t, client_identity(request, request.app.state.keys))
     return Response(text, media_type="application/json")
