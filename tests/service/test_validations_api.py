@@ -188,7 +188,9 @@ def test_bad_requests_get_contract_errors(service, api):
             anon.post("/v1/validations", json=validation(), headers={"Authorization": "Bearer nope"}), 403, "forbidden"
         )
         assert_error(anon.delete("/v1/validations/" + "0" * 32), 401, "unauthorized")
-        assert_error(anon.get("/v1/validations/" + "0" * 32), 404, "not_found")
+        # stored submissions are read with a key (unless SIGPROP_ANONYMOUS_STORED_READS)
+        assert_error(anon.get("/v1/validations/" + "0" * 32), 401, "unauthorized")
+        assert_error(anon.get("/v1/validations"), 401, "unauthorized")
 
     key = api.post("/v1/solve", json=solve_request()).json()["key"]
     assert_error(api.post("/v1/validations", json={**validation(), "key": key}), 422, "invalid_request")  # both
@@ -200,7 +202,14 @@ def test_bad_requests_get_contract_errors(service, api):
     assert_error(api.post("/v1/validations", json=validation(optimizer="lbfgs")), 422, "invalid_request")
     assert_error(api.post("/v1/validations", json=validation(baselines=["nope"])), 422, "invalid_request")
     assert_error(api.post("/v1/validations", json=validation(surprise=1)), 422, "invalid_request")
-    assert_error(api.post("/v1/validations", content=b"{not json"), 422, "invalid_request")
+    json_type = {"Content-Type": "application/json"}
+    assert_error(api.post("/v1/validations", content=b"{not json", headers=json_type), 422, "invalid_request")
+    # a body that does not say it is JSON is refused before it is read (no cross-origin form posts)
+    assert_error(api.post("/v1/validations", content=json.dumps(validation())), 415, "unsupported_media_type")
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert_error(
+        api.post("/v1/validations", content=json.dumps(validation()), headers=form), 415, "unsupported_media_type"
+    )
     assert_error(api.post("/v1/validations", json=[1, 2]), 422, "invalid_request")
     # the solve part is rejected with the code POST /v1/solve answers
     bad_graph = {
