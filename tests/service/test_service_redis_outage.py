@@ -100,7 +100,7 @@ def test_redis_outage_degrades_and_recovers(tmp_path, redis_server, service):
     assert {**a_down, "warnings": None, "cached": None} == {**a, "warnings": None, "cached": None}
 
     # errors in bad requests are still the contract's, not 5xx
-    bad = c.post("/v1/solve", content=b"not json")
+    bad = c.post("/v1/solve", content=b"not json", headers={"Content-Type": "application/json"})
     assert_error(bad, 422, "invalid_request")
 
     metrics = c.get("/metrics").text
