@@ -364,7 +364,8 @@ class Client(ValidationCalls, _Base):
 
     # -- stored solutions --------------------------------------------------------------------------
     def get(self, key: str) -> dict:
-        """``GET /v1/solutions/{key}``: the stored record (summary, ``request`` and ``answer``)."""
+        """``GET /v1/solutions/{key}``: the stored record (summary, ``request`` and ``answer``); with keys
+        configured the server wants one here unless ``SIGPROP_ANONYMOUS_STORED_READS``."""
         return self._json("GET", f"/v1/solutions/{_path(key)}")
 
     def list(self, offset: int = 0, limit: int = 50, method: str | None = None, activation: str | None = None) -> dict:
@@ -372,7 +373,7 @@ class Client(ValidationCalls, _Base):
         return self._json("GET", "/v1/solutions", params=self._list_params(offset, limit, method, activation))
 
     def delete(self, key: str) -> dict:
-        """``DELETE /v1/solutions/{key}`` (needs an API key)."""
+        """``DELETE /v1/solutions/{key}`` (needs an admin key: ``SIGPROP_ADMIN_KEYS``; 403 with another)."""
         return self._json("DELETE", f"/v1/solutions/{_path(key)}", idempotent=False)
 
     # -- templates ---------------------------------------------------------------------------------
