@@ -29,11 +29,13 @@ from ..service_fixtures import LOOPBACK, free_port, running_service, start_servi
 
 API_KEYS = "client-key-one-0123456789,client-key-two-0123456789"
 GOOD_KEY = "client-key-two-0123456789"
+ADMIN_KEY = "client-admin-key-0123456789"  # deletes cached solutions (shared by every key)
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    with running_service(tmp_path_factory.mktemp("svc-client"), {"SIGPROP_API_KEYS": API_KEYS}) as svc:
+    env = {"SIGPROP_API_KEYS": API_KEYS, "SIGPROP_ADMIN_KEYS": ADMIN_KEY}
+    with running_service(tmp_path_factory.mktemp("svc-client"), env) as svc:
         yield svc
 
 
@@ -161,16 +163,21 @@ def test_solve_options_reach_the_service(client):
 def test_get_list_and_delete_with_and_without_a_key(service, client, anon):
     sol = client.solve(mlp(9), "tat", "leaky_relu", {"eta": 0.4})
 
-    record = anon.get(sol.key)  # reading needs no key
+    # stored solutions (someone's requests and graphs) are read with a key when keys are configured
+    for call in (lambda: anon.get(sol.key), lambda: anon.list()):
+        with pytest.raises(SigpropError) as closed:
+            call()
+        assert (closed.value.code, closed.value.status) == ("unauthorized", 401)
+    record = client.get(sol.key)
     assert record["key"] == sol.key and record["method"] == "tat"
     assert record["answer"]["key"] == sol.key
     assert record["request"]["graph"] == mlp(9)
 
-    listed = anon.list(method="tat", activation="leaky_relu", limit=500)
+    listed = client.list(method="tat", activation="leaky_relu", limit=500)
     assert {"total", "offset", "limit", "items"} <= set(listed) and listed["limit"] == 500
     assert sol.key in {item["key"] for item in listed["items"]}
-    assert all(item["method"] == "dks" for item in anon.list(method="dks")["items"])
-    page = anon.list(offset=0, limit=1)
+    assert all(item["method"] == "dks" for item in client.list(method="dks")["items"])
+    page = client.list(offset=0, limit=1)
     assert len(page["items"]) == 1 and page["total"] >= 1
 
     with pytest.raises(SigpropError) as missing:
@@ -180,14 +187,19 @@ def test_get_list_and_delete_with_and_without_a_key(service, client, anon):
     with Client(service.base_url, api_key="not-a-key") as wrong, pytest.raises(SigpropError) as bad:
         wrong.delete(sol.key)
     assert (bad.value.code, bad.value.status) == ("forbidden", 403)
-    assert anon.get(sol.key)["key"] == sol.key  # still there
+    with pytest.raises(SigpropError) as not_admin:  # a valid key, but deleting takes an admin key
+        client.delete(sol.key)
+    assert (not_admin.value.code, not_admin.value.status) == ("forbidden", 403)
+    assert "SIGPROP_ADMIN_KEYS" in not_admin.value.hint
+    assert client.get(sol.key)["key"] == sol.key  # still there
 
-    assert client.delete(sol.key) == {"key": sol.key, "deleted": True}
-    for call in (lambda: client.get(sol.key), lambda: client.delete(sol.key)):
-        with pytest.raises(SigpropError) as gone:
-            call()
-        assert (gone.value.code, gone.value.status) == ("not_found", 404)
-        assert gone.value.message and gone.value.hint
+    with Client(service.base_url, api_key=ADMIN_KEY) as admin:
+        assert admin.delete(sol.key) == {"key": sol.key, "deleted": True}
+        for call in (lambda: client.get(sol.key), lambda: admin.delete(sol.key)):
+            with pytest.raises(SigpropError) as gone:
+                call()
+            assert (gone.value.code, gone.value.status) == ("not_found", 404)
+            assert gone.value.message and gone.value.hint
 
 
 # -- templates and probes -----------------------------------------------------------------------
@@ -365,8 +377,11 @@ def test_async_client_does_the_same(service):
             many = await asyncio.gather(*(c.solve(mlp(15), "tat", "leaky_relu", {"eta": 0.45}) for _ in range(8)))
             assert {s.key for s in many} == {first.key} and all(s.cached for s in many)
 
-            assert (await anon.get(first.key))["answer"]["key"] == first.key
-            assert first.key in {i["key"] for i in (await anon.list(method="tat", limit=500))["items"]}
+            with pytest.raises(SigpropError) as closed:  # stored solutions: read with a key
+                await anon.get(first.key)
+            assert (closed.value.code, closed.value.status) == ("unauthorized", 401)
+            assert (await c.get(first.key))["answer"]["key"] == first.key
+            assert first.key in {i["key"] for i in (await c.list(method="tat", limit=500))["items"]}
             assert "mlp" in {t["name"] for t in await anon.templates()}
             graph = await anon.template("mlp", depth=2, width=4)
             assert sum(1 for n in graph["nodes"] if n["op"] == "activation") == 2
@@ -378,7 +393,11 @@ def test_async_client_does_the_same(service):
                 with pytest.raises(SigpropError) as forbidden:
                     await wrong.delete(first.key)
             assert (forbidden.value.code, forbidden.value.status) == ("forbidden", 403)
-            assert await c.delete(first.key) == {"key": first.key, "deleted": True}
+            with pytest.raises(SigpropError) as not_admin:
+                await c.delete(first.key)
+            assert (not_admin.value.code, not_admin.value.status) == ("forbidden", 403)
+            async with AsyncClient(service.base_url, api_key=ADMIN_KEY) as admin:
+                assert await admin.delete(first.key) == {"key": first.key, "deleted": True}
             with pytest.raises(SigpropError) as gone:
                 await c.get(first.key)
             assert gone.value.code == "not_found"
