@@ -482,8 +482,8 @@ class _Importer:
     def scale(self, node, name: str, t: str) -> None:
         a, b = node.input[0], node.input[1]
         if t == "Mul" and a in self.vals and b in self.vals:  # a gated MLP's gate: two tensors of one shape
-            if self.shapes.get(a) != self.shapes.get(b):
-                raise _Unsupported(f"a Mul that broadcasts {self.shapes.get(a)} and {self.shapes.get(b)}")
+            if a == b or self.shapes.get(a) != self.shapes.get(b):  # x * x: factors sharing every atom
+                raise _Unsupported(f"a Mul of two network tensors that are one tensor or broadcast ({a}, {b})")
             gid = self.new_id(name)
             self.emit(gid, "mul", [self.read(self.vals[a], f"'{gid}'"), self.read(self.vals[b], f"'{gid}'")])
             self.vals[node.output[0]] = _Val(gid)

@@ -234,7 +234,7 @@ class _WithLayerNorm(nn.Module):
 class _Block(nn.Module):
     @nn.compact
     def __call__(self, x):
-        return nn.Dense(8)(x) * nn.Dense(8)(x)  # a gate: the product of two network values
+        return nn.Dense(8)(x) / nn.Dense(8)(x)  # a quotient of two network values (a product is a mul node)
 
 
 class _Gated(nn.Module):
