@@ -194,7 +194,10 @@ def graph_from_module(
     sum); ``torch.cat(..., dim=1)`` to ``concat``; max/avg pooling to ``max_pool``/``avg_pool``,
     adaptive average pooling to 1 and a spatial mean to ``global_avg_pool``; flatten/view/reshape to
     ``[batch, features]`` to ``flatten``; dropout to ``dropout``; ``nn.Identity`` to ``identity``; the
-    input to ``input`` with ``shape = example_input.shape[1:]`` (``[C, L, 1]`` for a 1-d input).
+    input to ``input`` with ``shape = example_input.shape[1:]`` (``[C, L, 1]`` for a 1-d input);
+    ``nn.RMSNorm`` over the features (and ``F.rms_norm`` without a weight) to ``rms_norm`` (``apply``
+    resets its weight to 1); a product of two traced tensors of one shape (``*``, ``torch.mul``,
+    ``x.mul(y)``: a gated MLP's gate) to ``mul`` (a tensor times a constant is a scale, not a product).
 
     Activation nodes carry no ``fn`` unless ``keep_fn=True``: a solve replaces every activation with
     the request's (transformed) activation, and a ``fn`` naming the model's own function (``relu``)
@@ -206,7 +209,7 @@ def graph_from_module(
     the answer carries one parameter set per function (``activations``), and ``apply`` puts each on
     the modules computing it.
 
-    Anything else (normalization layers, attention, multiplications, constants added to the data)
+    Anything else (other normalization layers, scalings by constants, constants added to the data)
     raises ``SigpropError("unsupported_op")`` naming the node; with ``allow_unsupported=True`` such
     a node becomes an ``identity`` node and a warning says so. The node's ``unsupported`` note says
     what it stands for, so every answer for the graph warns of it too (contract section 1).
