@@ -26,6 +26,7 @@ from ..service_fixtures import (
 
 MLP = {"template": "mlp", "depth": 3, "width": 8}
 KEY = "hot-answers-test-key-0123456789"
+ADMIN_KEY = "hot-answers-admin-key-0123456789"  # deleting a cached solution takes an admin key
 REQUEST = {"graph": MLP, "method": "tat", "activation": "leaky_relu", "targets": {"eta": 0.4}}
 
 
@@ -242,6 +243,7 @@ def test_delete_is_not_served_from_another_workers_memory(tmp_path, redis_client
         "PROMETHEUS_MULTIPROC_DIR": str(prom),
         "SIGPROP_RATE_LIMIT_COLD_SOLVES": "0",
         "SIGPROP_API_KEYS": KEY,
+        "SIGPROP_ADMIN_KEYS": ADMIN_KEY,
     }
     svc = start_service(tmp_path, env, workers=2)
     clients = {}
@@ -254,7 +256,8 @@ def test_delete_is_not_served_from_another_workers_memory(tmp_path, redis_client
             assert b.post("/v1/solve", json=REQUEST).json()["cached"] is True
         key = a.post("/v1/solve", json=REQUEST).headers["x-sigprop-key"]
         for deleter, reader in ((a, b), (b, a)):
-            assert deleter.delete(f"/v1/solutions/{key}", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+            admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            assert deleter.delete(f"/v1/solutions/{key}", headers=admin).status_code == 200
             # the other worker must not answer from its memory: it solves again
             assert reader.post("/v1/solve", json=REQUEST).json()["cached"] is False
             assert reader.post("/v1/solve", json=REQUEST).json()["cached"] is True
@@ -315,6 +318,23 @@ def test_hits_need_the_key_when_reads_do(tmp_path, redis_client):
         for _ in range(3):
             assert c.post("/v1/solve", json=REQUEST, headers=auth).json()["cached"] is True
             assert c.post("/v1/solve", json=REQUEST).status_code == 401
+
+
+def test_hits_from_memory_take_only_json(tmp_path, redis_client):
+    """The JSON-only rule (415) holds for answers served from memory too: a cross-origin "simple"
+    POST of a cached request is refused, not answered."""
+    from fastapi.testclient import TestClient
+
+    app = _app(tmp_path)
+    with TestClient(app) as c:
+        for _ in range(3):
+            assert c.post("/v1/solve", json=REQUEST).status_code == 200
+        body = json.dumps(REQUEST)
+        for content_type in (None, "text/plain"):
+            headers = {"content-type": content_type} if content_type else {}
+            r = c.post("/v1/solve", content=body, headers=headers)
+            assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
+            assert r.headers["x-content-type-options"] == "nosniff"
 
 
 def test_hits_are_logged_at_debug_everything_else_at_info(tmp_path, redis_client):
