@@ -16,6 +16,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from sigprop.api.app import create_app
+from sigprop.api.auth import digest, tenant_of
+from sigprop.api.validations import OWNER
 from sigprop.settings import Settings
 
 from ..service_fixtures import SHARED_REDIS_URL, flush_shared_redis, shared_redis_or_skip
@@ -23,6 +25,8 @@ from ..service_fixtures import SHARED_REDIS_URL, flush_shared_redis, shared_redi
 BACKENDS = ["sqlite", "redis"]
 KEY = "damaged-records-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# planted validations belong to KEY, as one it submitted would (others' are 404 to it, issue 35)
+OWNED = json.dumps({OWNER: tenant_of(digest(KEY).hex())})
 # solution field -> the damage done to it
 SOLUTION_DAMAGE = {
     "hits": "lots",
@@ -34,6 +38,8 @@ SOLUTION_DAMAGE = {
 }
 VALIDATION_DAMAGE = {"progress": "not json", "attempts": "many", "started": "soon", "results": "[1, 2]", "device": None}
 UNREADABLE_VALIDATIONS = {"bad-created": {"created": "x"}, "bad-status": {"status": "weird"}}
+# a request that does not read names no owner: shown to nobody but an admin key, never a 500
+OWNERLESS_VALIDATIONS = {"bad-request": {"request": "not json"}, "list-request": {"request": "[1, 2]"}}
 
 
 def _req(eta: float) -> dict:
@@ -82,7 +88,7 @@ class Store:
             "id": vid,
             "status": "finished",
             "key": solution_key,
-            "request": "{}",
+            "request": OWNED,
             "created": repr(time.time()),
             "attempts": 1,
             "progress": "{}",
@@ -109,7 +115,7 @@ def _no_5xx(c: TestClient, method: str, path: str, **kwargs) -> int:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_damaged_records_never_500(backend, tmp_path):
     app = _app(backend, tmp_path)
-    with TestClient(app) as c:
+    with TestClient(app, headers=AUTH) as c:  # stored submissions are read with a key (issue 35)
         store = Store(app)
         keys = {}
         for i, (field, value) in enumerate(SOLUTION_DAMAGE.items()):
@@ -121,7 +127,11 @@ def test_damaged_records_never_500(backend, tmp_path):
             store.redis.set("sigprop:sol:" + "e" * 64, "a string")
             for index in ("sigprop:index", "sigprop:lru", "sigprop:index:method:tat"):
                 store.redis.zadd(index, {"e" * 64: time.time()})
-        for name, damage in {"damaged-fields": VALIDATION_DAMAGE, **UNREADABLE_VALIDATIONS}.items():
+        for name, damage in {
+            "damaged-fields": VALIDATION_DAMAGE,
+            **UNREADABLE_VALIDATIONS,
+            **OWNERLESS_VALIDATIONS,
+        }.items():
             store.plant_validation(name, keys["hits"], damage)
 
         for i, field in enumerate(SOLUTION_DAMAGE):  # every damaged request still answers 200
@@ -157,10 +167,14 @@ def test_damaged_records_never_500(backend, tmp_path):
         assert c.get(f"/v1/solutions/{keys['hits']}").json()["hits"] >= 0
         listed_validations = c.get("/v1/validations").json()
         assert "damaged-fields" in {v["id"] for v in listed_validations["items"]}
-        assert not {"bad-created", "bad-status"} & {v["id"] for v in listed_validations["items"]}
+        assert not {"bad-created", "bad-status", *OWNERLESS_VALIDATIONS} & {
+            v["id"] for v in listed_validations["items"]
+        }
         job = c.get("/v1/validations/damaged-fields").json()
         assert job["progress"] == {} and job["attempts"] == 0 and job["results"] is None
-        for vid in ("damaged-fields", *UNREADABLE_VALIDATIONS):
+        for vid in OWNERLESS_VALIDATIONS:
+            assert _no_5xx(c, "GET", f"/v1/validations/{vid}") == 404, vid
+        for vid in ("damaged-fields", *UNREADABLE_VALIDATIONS, *OWNERLESS_VALIDATIONS):
             for path in (
                 f"/v1/validations/{vid}",
                 f"/dashboard/validations/{vid}",
@@ -172,7 +186,7 @@ def test_damaged_records_never_500(backend, tmp_path):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_keyed_checksum_rejects_a_tampered_entry(backend, tmp_path):
     app = _app(backend, tmp_path, cache_secret="a-server-secret-of-some-length")
-    with TestClient(app) as c:
+    with TestClient(app, headers=AUTH) as c:
         store = Store(app)
         first = c.post("/v1/solve", json=_req(0.4)).json()
         key = first["key"]

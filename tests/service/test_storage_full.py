@@ -88,13 +88,13 @@ def _check_degraded_answers(
     ready = readyz_when(c, lambda r: r.json()["storage"] == "degraded")
     assert ready.status_code == 200, ready.text
     assert ready.json()["storage"] == "degraded" and ready.json()["status"] == "ready", ready.json()
-    assert c.get("/v1/solutions").status_code == 200
-    assert c.get("/dashboard").status_code == 200
+    assert c.get("/v1/solutions", headers=AUTH).status_code == 200
+    assert c.get("/dashboard", headers=AUTH).status_code == 200
     assert _events(c, "refused_store") >= 2
     assert _events(c, "refused_hit_count") >= 1 or not hit_count_refused
     if not validation_refused:
         return
-    before = c.get("/v1/validations").json()["total"]
+    before = c.get("/v1/validations", headers=AUTH).json()["total"]
     refused = c.post(
         "/v1/validations",
         headers=AUTH,
@@ -102,7 +102,7 @@ def _check_degraded_answers(
     )
     err = _refused(refused)
     assert "retry" in err["hint"]
-    assert c.get("/v1/validations").json()["total"] == before  # nothing half-accepted is left behind
+    assert c.get("/v1/validations", headers=AUTH).json()["total"] == before  # nothing half-accepted is left behind
 
 
 def test_redis_at_maxmemory_degrades_and_recovers(tmp_path, full_redis):
@@ -134,7 +134,7 @@ def test_redis_at_maxmemory_degrades_and_recovers(tmp_path, full_redis):
         cold = c.post("/v1/solve", json=_req(0.31))
         assert cold.status_code == 200 and not _not_stored(cold.json())
         assert c.post("/v1/solve", json=_req(0.31)).json()["cached"] is True
-        listed = c.get("/v1/solutions").json()
+        listed = c.get("/v1/solutions", headers=AUTH).json()
         assert listed["total"] == 2 and len(listed["items"]) == 2
         assert (
             c.post(
