@@ -3,7 +3,7 @@ hint) before anything is solved, queued or allocated: .npz names resolve only in
 ``SIGPROP_DATASETS_DIR`` (no absolute paths, ``..`` or symlinks leading out; unset: .npz is off),
 files and their unpacked arrays are capped, and input shapes (synthetic too) are bounded. Errors
 name no array beyond the four required ones and say nothing about files outside the folder.
-Records read without a key hide error text and dataset names."""
+A validation's record is its submitter's; read without a key it hides error text and dataset names."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sigprop.errors import SigpropError
 from sigprop.worker import job
 from sigprop.worker.dataset_policy import DatasetPolicy
 
-from ..inprocess import KEY_ONE, app_client, bearer, mlp
+from ..inprocess import KEY_ONE, KEY_TWO, app_client, basic, bearer, mlp
 from ..service_fixtures import assert_error
 
 MAX_BYTES = 200_000
@@ -189,26 +189,49 @@ def _wait_final(c, vid: str, headers: dict | None = None) -> dict:
     raise AssertionError(f"validation {vid} did not end: {rec}")
 
 
-def test_records_without_a_key_hide_errors_and_dataset_names(client, folders):
+def test_records_are_their_submitters_and_hide_errors_and_dataset_names_from_others(folders, tmp_path):
+    """A validation's error text and dataset name are its submitter's: with keys configured no
+    request without a key reads it (401), another key finds nothing (404, the dashboard too); a
+    record read without a key (a server whose keys were since removed) is shown redacted."""
     (folders[0] / "rejected.npz").write_bytes((folders[0] / "good.npz").read_bytes())
-    r = submit(client, "rejected.npz")  # the fake trainer rejects it, its error naming the file's path
-    assert r.status_code == 202, r.text
-    vid = r.json()["id"]
-    full = _wait_final(client, vid, bearer(KEY_ONE))
-    assert full["status"] == "failed" and "rejected.npz" in full["error"] and str(folders[0]) in full["error"]
-    assert full["request"]["dataset"] == "rejected.npz"
-    shown = client.get(f"/v1/validations/{vid}").json()
-    assert shown["status"] == "failed" and "rejected" not in shown["error"] and str(folders[0]) not in shown["error"]
-    assert shown["request"]["dataset"] == "(an .npz file)"
-    listed = client.get("/v1/validations", params={"limit": 500}).json()["items"]
-    mine = [i for i in listed if i["id"] == vid]
-    assert mine and "rejected" not in mine[0]["error"]
-    keyed = client.get("/v1/validations", params={"limit": 500}, headers=bearer(KEY_ONE)).json()["items"]
-    assert "rejected.npz" in [i for i in keyed if i["id"] == vid][0]["error"]
-    page = client.get(f"/dashboard/validations/{vid}")
-    assert page.status_code == 200 and "rejected.npz" not in page.text and str(folders[0]) not in page.text
-    progress = client.get(f"/dashboard/validations/{vid}.json").text
-    assert "rejected.npz" not in progress and str(folders[0]) not in progress
-    key = full["key"]
-    solution_page = client.get(f"/dashboard/solutions/{key}")
-    assert solution_page.status_code == 200 and str(folders[0]) not in solution_page.text
+    limits = {"datasets_dir": folders[0], "max_dataset_bytes": MAX_BYTES, "max_input_values": MAX_VALUES}
+    with app_client(tmp_path, **limits) as client:
+        r = submit(client, "rejected.npz")  # the fake trainer rejects it, its error naming the file's path
+        assert r.status_code == 202, r.text
+        vid = r.json()["id"]
+        full = _wait_final(client, vid, bearer(KEY_ONE))
+        assert full["status"] == "failed" and "rejected.npz" in full["error"] and str(folders[0]) in full["error"]
+        assert full["request"]["dataset"] == "rejected.npz"
+        keyed = client.get("/v1/validations", params={"limit": 500}, headers=bearer(KEY_ONE)).json()["items"]
+        assert "rejected.npz" in [i for i in keyed if i["id"] == vid][0]["error"]
+        key = full["key"]
+
+        for path in (f"/v1/validations/{vid}", "/v1/validations", f"/dashboard/validations/{vid}"):
+            assert_error(client.get(path), 401, "unauthorized")
+        other = bearer(KEY_TWO)
+        assert_error(client.get(f"/v1/validations/{vid}", headers=other), 404, "not_found")
+        listed = client.get("/v1/validations", params={"limit": 500}, headers=other).json()["items"]
+        assert vid not in [i["id"] for i in listed]
+        page = client.get(f"/dashboard/validations/{vid}", headers=basic(KEY_TWO))
+        assert page.status_code == 404 and "rejected.npz" not in page.text and str(folders[0]) not in page.text
+        progress = client.get(f"/dashboard/validations/{vid}.json", headers=basic(KEY_TWO))
+        assert progress.status_code == 404 and "rejected.npz" not in progress.text
+        solution_page = client.get(f"/dashboard/solutions/{key}", headers=basic(KEY_TWO))
+        assert solution_page.status_code == 200 and str(folders[0]) not in solution_page.text
+        assert vid not in solution_page.text  # the solution is shared, its validations are not
+
+    with app_client(tmp_path, api_keys="", **limits) as client:  # the same records, no keys any more
+        shown = client.get(f"/v1/validations/{vid}").json()
+        assert (
+            shown["status"] == "failed" and "rejected" not in shown["error"] and str(folders[0]) not in shown["error"]
+        )
+        assert shown["request"]["dataset"] == "(an .npz file)" and "submitted_by" not in shown["request"]
+        listed = client.get("/v1/validations", params={"limit": 500}).json()["items"]
+        mine = [i for i in listed if i["id"] == vid]
+        assert mine and "rejected" not in mine[0]["error"]
+        page = client.get(f"/dashboard/validations/{vid}")
+        assert page.status_code == 200 and "rejected.npz" not in page.text and str(folders[0]) not in page.text
+        progress = client.get(f"/dashboard/validations/{vid}.json").text
+        assert "rejected.npz" not in progress and str(folders[0]) not in progress
+        solution_page = client.get(f"/dashboard/solutions/{key}")
+        assert solution_page.status_code == 200 and str(folders[0]) not in solution_page.text

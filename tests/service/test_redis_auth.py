@@ -60,7 +60,7 @@ def test_the_api_uses_the_password_everywhere(locked_redis, tmp_path):
         assert c.post("/v1/solve", json=mlp(eta=0.31)).status_code == 200
         r = c.post("/v1/validations", headers=bearer(KEY_ONE), json=validation())
         assert r.status_code == 202, r.text
-        assert c.get(f"/v1/validations/{r.json()['id']}").json()["status"] == "queued"
+        assert c.get(f"/v1/validations/{r.json()['id']}", headers=bearer(KEY_ONE)).json()["status"] == "queued"
     keys = {k.decode() for k in _authed(locked_redis).keys("*")}
     assert any(k.startswith("sigprop-ratelimit") for k in keys), keys  # the limiter counted in Redis
     assert "rq:queue:sigprop-validations" in keys, keys  # the job is on the queue
