@@ -65,7 +65,9 @@ modules compute which catalogue activation), ``attention`` (:class:`ShapedAttent
 ``graph_from_module`` returns carries it to ``apply``, which keeps the rewritten model's for
 ``diagnose``, so a session traces the model once), ``apply`` (:func:`apply` and its report), ``calibrate``
 (the measured ops), ``diagnose``
-(:func:`diagnose`), ``convert`` (:func:`normalization_free`).
+(:func:`diagnose`), ``convert`` (:func:`normalization_free`), ``huggingface`` and ``huggingface_apply``
+(HuggingFace GPT-2 and Llama models read by module, applied keeping their class, and
+:func:`load_pretrained`; docs/transformers.md).
 
 Importing this package needs PyTorch: ``pip install 'sigprop[torch]'``. It imports nothing of the
 service: what it shares with it (the activation catalogue, the graph's shape rules, the wire
@@ -87,6 +89,7 @@ from .attention import ShapedAttention, ShapedMultiheadAttention
 from .convert import ConvertReport, normalization_free
 from .diagnose import diagnose, input_pair
 from .extraction import graph_from_module
+from .huggingface_apply import load_pretrained
 from .modules import ACTIVATION_FUNCTIONS, NormalizedSum, TransformedActivation, activation_function, native_module
 from .sequence_diagnose import TokenKernelDiagnosis, diagnose_tokens
 
@@ -95,6 +98,7 @@ __all__ = [
     "diagnose",
     "input_pair",
     "normalization_free",
+    "load_pretrained",
     "ConvertReport",
     "apply",
     "ApplyReport",

@@ -17,6 +17,8 @@ from torch import nn
 from ..calibration import Calibration
 from ..solution import as_solution
 from .extraction import extract
+from .huggingface import is_huggingface
+from .huggingface_apply import apply_huggingface
 from .rewrite import (
     ActivationChange,
     ApplyReport,
@@ -132,6 +134,12 @@ def apply(
     if residual not in ("graph", "recommended"):
         raise ValueError(f"residual must be 'graph' or 'recommended', not {residual!r}")
     sol = as_solution(solution)
+    if is_huggingface(model):  # the same HuggingFace class back (huggingface_apply.py)
+        if inplace:
+            raise ValueError("apply(inplace=True) is not available for HuggingFace models: use the copy it returns")
+        return apply_huggingface(
+            model, solution, graph=graph, example_input=example_input, seed=seed, residual=residual
+        )
     if is_sequence_graph(graph) or answer_part(solution, "attention"):
         return _apply_sequence(model, solution, graph, example_input, inplace, seed, residual)
     target = copy.deepcopy(model)

@@ -45,6 +45,7 @@ class ConvertReport:
     model: nn.Module
     removed: list[str] = field(default_factory=list)  # normalization layers replaced by nn.Identity
     rewritten: list[str] = field(default_factory=list)  # residual blocks made pre-activation
+    shortcuts_removed: list[str] = field(default_factory=list)  # blocks left without shortcuts (HuggingFace)
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -153,8 +154,18 @@ def normalization_free(model: nn.Module, *, preactivation: bool = False) -> Conv
     Normalization layers become ``nn.Identity``. With ``preactivation=True`` a torchvision-style
     ResNet (``conv1``, ``maxpool``, ``layer1``..``layer4`` of BasicBlock/Bottleneck, ``avgpool``,
     ``fc``) is rewritten into the pre-activation layout the kernel theory covers (module docstring);
-    for any other model the flag raises ``ValueError``.
+    for any other model the flag raises ``ValueError``. A HuggingFace GPT-2 or Llama model keeps
+    its class: its norms become ``nn.Identity`` and its blocks lose their residual shortcuts
+    (``huggingface_apply.normalization_free_hf``; ``removed`` and ``rewritten`` name them).
     """
+    from .huggingface import is_huggingface
+
+    if is_huggingface(model):  # norms and shortcuts, the HuggingFace class kept (huggingface_apply.py)
+        if preactivation:
+            raise ValueError("preactivation=True rewrites torchvision-style ResNets, not HuggingFace models")
+        from .huggingface_apply import normalization_free_hf
+
+        return normalization_free_hf(model)
     net = copy.deepcopy(model)
     report = ConvertReport(net)
     _remove_normalization(net, report)

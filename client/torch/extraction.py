@@ -20,6 +20,7 @@ from ...schemas.graph import Graph
 from ...schemas.shapes import infer_shapes
 from ..adapters import check_assumptions, finish_graph
 from .attention import ShapedAttention
+from .huggingface import check_ids, is_huggingface, read_huggingface
 from .modules import NormalizedSum, TransformedActivation
 from .ops import NotYet, hand_written_attention, sequence_module
 from .sequence import extract_sequence, is_sequence_trace
@@ -226,6 +227,13 @@ def graph_from_module(
     (while ``model`` is made of the same modules); its copies and pickles are plain dicts.
     """
     check_assumptions(assumptions)
+    if is_huggingface(model):  # read by module, not traced (huggingface.py)
+        read = read_huggingface(model, check_ids(model, example_input))
+        for nd in read.graph["nodes"] if keep_fn else ():
+            if nd["op"] == "activation":
+                nd["fn"] = read.fn
+        finish_graph(read.graph, [read.fn], keep_fn=keep_fn, assumptions=assumptions)
+        return read.graph
     ext = extract(model, example_input, allow_unsupported, keep_fn)
     fns = (e.fn for e in ext.entries.values() if e.op == "activation")
     finish_graph(ext.graph, fns, keep_fn=keep_fn, assumptions=assumptions)

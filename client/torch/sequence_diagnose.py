@@ -70,7 +70,12 @@ def _measure(model: nn.Module, x: torch.Tensor, probes: dict) -> tuple[torch.Ten
     try:
         model.eval()
         with torch.no_grad():
-            y = model(x)
+            if "huggingface" in (getattr(model, "sigprop_sequence", None) or {}):  # the embeddings' output is x
+                from .huggingface_apply import forward_embeddings
+
+                y = forward_embeddings(model, x)
+            else:
+                y = model(x)
     finally:
         for h in hooks:
             h.remove()
