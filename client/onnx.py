@@ -22,7 +22,12 @@ tensor's shape, which is checked against the graph's shape rules node by node. W
 * ``Concat`` (axis 1) -> ``concat``; ``MaxPool``/``AveragePool`` -> ``max_pool``/``avg_pool``;
   ``GlobalAveragePool`` and ``ReduceMean`` over the spatial axes -> ``global_avg_pool``;
   ``Flatten`` and ``Reshape`` to ``[batch, features]`` -> ``flatten``; ``Dropout`` -> ``dropout``;
-  ``Identity`` -> ``identity``.
+  ``Identity`` -> ``identity``;
+* a ``[batch, tokens, features]`` input (and no convolution or pooling) makes a sequence model:
+  ``MatMul``/``Gemm`` per token -> ``dense``, ``LayerNormalization`` (``RMSNormalization``) over the
+  features -> ``layer_norm`` (``rms_norm``; ``params`` names its scale and bias), and self-attention,
+  the MatMul/Softmax pattern or the opset-23 ``Attention`` op, -> ``attention`` on dense q, k, v
+  (``onnx_attention``; a fused qkv layer is three dense nodes ``<id>.q/.k/.v``).
 
 Nodes computed from constants and shapes only (``Shape``, ``Gather``, ``Constant``, ...) are not on
 the data path and are skipped. Any other op on the data path raises ``SigpropError("unsupported_op")``
@@ -43,18 +48,16 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
         "sigprop.client.onnx needs the onnx package, which is not installed: pip install 'sigprop[onnx]'"
     ) from _exc
 
-import ast
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..schemas.activations import SELU_ALPHA, SELU_LAMBDA
 from ..schemas.errors import SigpropError
-from ..schemas.graph import Graph
-from ..schemas.shapes import infer_shapes
 from .adapters import Unsupported, check_assumptions, clean_id, finish_graph
+from .onnx_attention import ATTENTION_HINT, AttentionSite, find_attention, has_attention
+from .onnx_io import check, contract_shape, dims_of, load, torch_id
 from .scaled_sums import ScaledSums
 
 __all__ = ["graph_from_onnx"]
@@ -83,6 +86,7 @@ _ACTIVATIONS = {
 }
 _NORMS = {"BatchNormalization", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "LRN"}
 _SELU = (SELU_ALPHA, SELU_LAMBDA)  # ONNX's default alpha and gamma are the catalogue's selu
+_SPATIAL = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "ConvTranspose"}
 
 
 class _Unsupported(Unsupported):
@@ -95,65 +99,12 @@ class _Val:
     factor: float = 1.0
 
 
-# torch classes whose calls torch.fx keeps as one call_module node (its default leaf modules, and
-# sigprop's own): graph_from_module names their ops after the module path
-_LEAF_PREFIXES = ("torch.nn.", "torch.ao.nn.", "sigprop.client.torch.")
-_CONTAINERS = {"torch.nn.modules.container.Sequential"}
-
-
-def _torch_id(node) -> str | None:
-    """The id ``graph_from_module`` gives the torch op behind ``node``, from the scopes the dynamo exporter
-    writes in its metadata (``['', 'blocks', 'blocks.0', 'add']``, each with its class); None without them."""
-    meta = {p.key: p.value for p in node.metadata_props}
-    try:
-        scopes = ast.literal_eval(meta["pkg.torch.onnx.name_scopes"])
-        classes = ast.literal_eval(meta["pkg.torch.onnx.class_hierarchy"])
-    except (KeyError, ValueError, SyntaxError):
-        return None
-    if not isinstance(scopes, list) or not isinstance(classes, list) or len(scopes) != len(classes) or not scopes:
-        return None
-    owner = str(classes[-2]) if len(classes) > 2 else ""  # the innermost submodule the op runs in
-    if owner.startswith(_LEAF_PREFIXES) and owner not in _CONTAINERS:
-        return str(scopes[-2]) or None  # a leaf module's own op: its path
-    return str(scopes[-1]) or None  # an op written in forward: its node's name
-
-
 def _attrs(node) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _decode(v):
     return v.decode() if isinstance(v, bytes) else v
-
-
-def _load(model_or_path):
-    if isinstance(model_or_path, onnx.ModelProto):
-        return model_or_path
-    if isinstance(model_or_path, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model_or_path))
-    if isinstance(model_or_path, (str, os.PathLike)):
-        return onnx.load(os.fspath(model_or_path))
-    raise TypeError(f"expected an onnx.ModelProto, its bytes or a path, got {type(model_or_path).__name__}")
-
-
-def _contract_shape(dims: list, what: str) -> list[int]:
-    """ONNX's channels-first ``[N, ...]`` shape as the contract's: [F], [C, L, 1] or [C, H, W]."""
-    rest = dims[1:]
-    if not rest or len(rest) > 3 or any(not isinstance(d, int) or d < 1 for d in rest):
-        raise SigpropError(
-            "invalid_graph",
-            f"{what} has shape {dims}",
-            "export with a fixed input shape [batch, features], [batch, channels, length] or "
-            "[batch, channels, height, width]",
-        )
-    return list(rest) + ([1] if len(rest) == 2 else [])
-
-
-def _dims(vi) -> list | None:
-    t = vi.type.tensor_type
-    if not t.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
 
 
 class _Importer:
@@ -164,7 +115,7 @@ class _Importer:
         self.init_names = set(self.consts)
         self.shapes = {}  # tensor name -> dims
         for vi in list(g.value_info) + list(g.input) + list(g.output):
-            dims = _dims(vi)
+            dims = dims_of(vi)
             if dims is not None:
                 self.shapes[vi.name] = dims
         for node in g.node:  # Constant nodes' values up front: a pattern may read one that comes later
@@ -182,6 +133,11 @@ class _Importer:
         self.used: set[str] = set()
         self.sums = ScaledSums()
         self.skip: set[int] = set()  # ids of nodes already folded into another (a MatMul's bias Add)
+        self.sequence = False  # a [B, T, D] input read per token, with attention (onnx_attention.py)
+        self.region: dict[int, AttentionSite] = {}  # id() of an ONNX node -> the attention site it is part of
+        self.cuts: dict[str, list] = {}  # a fused qkv output tensor -> [(lo, hi, role)]
+        self.part_gid: dict[tuple, str] = {}  # (tensor, lo, hi) -> dense gid
+        self.dense_base: dict[str, str] = {}  # dense gid -> the id of its whole layer
 
     def new_id(self, raw: str) -> str:
         base = clean_id(raw.lstrip("/"))
@@ -225,17 +181,29 @@ class _Importer:
                 "the sigprop graph has one input: export the model with one input tensor",
             )
         x = data_inputs[0]
-        gid = self.new_id(x.name)
-        self.emit(gid, "input", [], shape=_contract_shape(self.shapes.get(x.name) or [], f"the input '{x.name}'"))
+        gid, dims = self.new_id(x.name), self.shapes.get(x.name) or []
+        self.sequence = len(dims) == 3 and not any(n.op_type in _SPATIAL for n in g.node)
+        if self.sequence:  # [batch, tokens, features]
+            contract_shape(dims, f"the input '{x.name}'")
+            self.emit(gid, "input", [], shape=[int(dims[1]), int(dims[2])], sequence=True)
+            self.find_sites(x.name, dims)
+        else:
+            self.emit(gid, "input", [], shape=contract_shape(dims, f"the input '{x.name}'"))
         self.vals[x.name] = _Val(gid)
         for k, node in enumerate(g.node):
             if id(node) in self.skip:
+                continue
+            if node.op_type in ("Shape", "Size"):  # a tensor's shape is not on the data path
+                continue
+            if id(node) in self.region:
+                if self.region[id(node)].anchor == k:
+                    self.attention(self.region[id(node)])
                 continue
             data = [n for n in node.input if n in self.vals]
             if not data:  # computed from constants and shapes only: off the data path
                 continue
             raw = node.name or (node.output[0] if node.output else f"{node.op_type}_{k}")
-            name = _torch_id(node) or raw
+            name = torch_id(node) or raw
             try:
                 self.visit(node, name, data)
             except _Unsupported as exc:
@@ -254,6 +222,83 @@ class _Importer:
         self.sums.finalize()
         return {"schema": "sigprop.graph/v1", "nodes": self.nodes}
 
+    # ------------------------------------------------------------------ sequence models
+
+    def find_sites(self, name: str, dims: list) -> None:
+        if not has_attention(self.model):
+            return
+        for site in find_attention(self, name, dims):
+            self.region.update((i, site) for i in site.region)
+            for src, role in zip(site.sources, "qkv", strict=True):
+                self.cuts.setdefault(src.tensor, []).append((src.lo, src.hi, role))
+
+    def attention(self, site: AttentionSite) -> None:
+        """The attention node of a site, on its query, key and value dense nodes."""
+        ins = []
+        for src, role in zip(site.sources, ("query", "key", "value"), strict=True):
+            gid = self.part_gid.get((src.tensor, src.lo, src.hi))
+            v = self.vals.get(src.tensor)
+            if gid is None and v is not None and v.factor == 1.0 and self.entries[v.gid]["op"] == "dense":
+                gid = v.gid
+            if gid is None:
+                raise SigpropError(
+                    "unsupported_op",
+                    f"ONNX node '{site.core.name}' ({site.core.op_type}): its {role} '{src.tensor}' is not a dense "
+                    "layer's output (a MatMul by an initializer, with its bias)",
+                    ATTENTION_HINT,
+                )
+            ins.append(gid)
+        reads = {tuple(self.entries[g]["node"]["inputs"]) for g in ins}
+        if len(reads) != 1:
+            raise SigpropError(
+                "unsupported_op",
+                f"ONNX node '{site.core.name}' ({site.core.op_type}): cross-attention, its query, key and value "
+                f"dense layers ({', '.join(ins)}) read different tensors",
+                "self-attention only: q, k and v are dense layers of one input",
+            )
+        base = self.dense_base.get(ins[0], ins[0])
+        # the q layer's parent module (as graph_from_module names it), else the Softmax/Attention node's name
+        named = "." in base and "/" not in base
+        name = base.rsplit(".", 1)[0] if named else torch_id(site.core) or site.core.name or "attention"
+        gid = self.new_id(name)
+        self.emit(gid, "attention", ins, heads=int(site.heads), causal=bool(site.causal))
+        self.vals[site.merged] = _Val(gid)
+
+    def dense(self, node, name: str, src: str, out: str, weight: str, bias, units: int, fan_in: int) -> None:
+        """A dense node for ``out`` (several, one per block, for a fused qkv layer cut for attention)."""
+        cuts = sorted(self.cuts.get(out, []))
+        if not cuts or [c[:2] for c in cuts] == [(0, units)]:
+            gid = self.new_id(name)
+            self.emit(gid, "dense", [src], units=units, bias=bias is not None)
+            self.params[gid] = {"weight": weight, "bias": bias}
+            self.fan_in[gid] = fan_in
+            self.vals[out] = _Val(gid)
+            return
+        base = clean_id(name.lstrip("/"))
+        for lo, hi, role in cuts:
+            gid = self.new_id(f"{base}.{role}")
+            self.emit(gid, "dense", [src], units=hi - lo, bias=bias is not None)
+            self.params[gid] = {"weight": weight, "bias": bias, "columns": [lo, hi]}
+            self.fan_in[gid] = fan_in
+            self.part_gid[(out, lo, hi)] = gid
+            self.dense_base[gid] = base
+
+    def sequence_op(self, node, name: str, t: str, a: dict) -> bool:
+        """The ops a sequence model adds or refuses; True if handled."""
+        rank = len(self.shapes.get(node.input[0]) or [])
+        last = int(a.get("axis", -1)) % max(rank, 1) == rank - 1
+        if t in ("LayerNormalization", "RMSNormalization") and rank == 3 and last:
+            gid = self.one(node, name, "layer_norm" if t == "LayerNormalization" else "rms_norm")
+            self.params[gid] = {"scale": node.input[1], "bias": node.input[2] if len(node.input) > 2 else None}
+            return True
+        if t in ("Concat", "Flatten", "Reshape", "ReduceMean", "Softmax", "Attention", "Transpose", "Split"):
+            raise _Unsupported(
+                f"a {t} in a sequence model outside an attention pattern (sequence ops act per token or mix "
+                "tokens by attention)",
+                ATTENTION_HINT,
+            )
+        return False
+
     # ------------------------------------------------------------------ one node
 
     def one(self, node, name: str, op: str, **attrs) -> str:
@@ -265,6 +310,8 @@ class _Importer:
 
     def visit(self, node, name: str, data: list[str]) -> None:
         t, a = node.op_type, _attrs(node)
+        if self.sequence and self.sequence_op(node, name, t, a):
+            return None
         if t == "Gemm":
             return self.gemm(node, name, a)
         if t == "MatMul":
@@ -328,15 +375,15 @@ class _Importer:
             raise _Unsupported(f"its {what} '{name}' is computed, not an initializer", "export with constant weights")
         return w
 
-    def dense_input(self, node, gid: str) -> str:
+    def dense_input(self, node, reader: str) -> str:
         dims = self.shapes.get(node.input[0])
-        if dims is not None and len(dims) != 2:
+        if dims is not None and len(dims) != (3 if self.sequence else 2):
             raise _Unsupported(
-                f"a matrix product on a tensor of shape {dims} (per position of a sequence); sequence models are "
-                "not supported yet",
-                "the graph's dense layers take [batch, features]: flatten first",
+                f"a matrix product on a tensor of shape {dims}",
+                "the graph's dense layers take [batch, features] (flatten first), or act per token of a "
+                "[batch, tokens, features] sequence model's input",
             )
-        return self.read(self.vals[node.input[0]], f"'{gid}'")
+        return self.read(self.vals[node.input[0]], reader)
 
     def gemm(self, node, name: str, a: dict) -> None:
         if float(a.get("alpha", 1.0)) != 1.0 or float(a.get("beta", 1.0)) != 1.0 or int(a.get("transA", 0)):
@@ -346,12 +393,9 @@ class _Importer:
         bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         if bias is not None:
             self.weight(bias, "bias")
-        gid = self.new_id(name)
-        src = self.dense_input(node, gid)
-        self.emit(gid, "dense", [src], units=units, bias=bias is not None)
-        self.params[gid] = {"weight": node.input[1], "bias": bias}
-        self.fan_in[gid] = int(w.shape[1] if int(a.get("transB", 0)) else w.shape[0])
-        self.vals[node.output[0]] = _Val(gid)
+        src = self.dense_input(node, f"'{name}'")
+        fan_in = int(w.shape[1] if int(a.get("transB", 0)) else w.shape[0])
+        self.dense(node, name, src, node.output[0], node.input[1], bias, units, fan_in)
 
     def matmul(self, node, name: str) -> None:
         if node.input[0] not in self.vals or node.input[1] in self.vals:
@@ -368,12 +412,8 @@ class _Importer:
                 bias = other[0]
                 self.skip.add(id(users[0]))
                 out = users[0].output[0]
-        gid = self.new_id(name)
-        src = self.dense_input(node, gid)
-        self.emit(gid, "dense", [src], units=int(w.shape[1]), bias=bias is not None)
-        self.params[gid] = {"weight": node.input[1], "bias": bias}
-        self.fan_in[gid] = int(w.shape[0])
-        self.vals[out] = _Val(gid)
+        src = self.dense_input(node, f"'{name}'")
+        self.dense(node, name, src, out, node.input[1], bias, int(w.shape[1]), int(w.shape[0]))
 
     def conv(self, node, name: str, a: dict) -> None:
         w = self.weight(node.input[1], "weight")
@@ -540,35 +580,6 @@ class _Importer:
         self.one(node, name, "flatten")
 
 
-def _check(graph: dict, imp: _Importer) -> None:
-    """The contract's rules, every layer's fan-in against its weight, every size against ONNX's."""
-    try:
-        shapes = infer_shapes(Graph.model_validate(graph))
-    except SigpropError as exc:
-        raise SigpropError(
-            exc.code, f"the graph read from the ONNX model is not valid: {exc.message}", exc.hint
-        ) from None
-    inputs = {nd["id"]: nd.get("inputs", []) for nd in graph["nodes"]}
-    for gid, want in imp.fan_in.items():
-        got = shapes[inputs[gid][0]][0]
-        if want != got:
-            raise SigpropError(
-                "unsupported_op",
-                f"node '{gid}' takes {want} input features but the graph gives it {got}",
-                "an op before it changes shapes in a way the graph does not see",
-            )
-    for tensor, v in imp.vals.items():
-        dims = imp.shapes.get(tensor)
-        if v.factor != 1.0 or v.gid not in shapes or not dims or not all(isinstance(d, int) for d in dims[1:]):
-            continue
-        if math.prod(dims[1:]) != math.prod(shapes[v.gid]):  # sizes: ONNX keeps [C, 1, 1] after a global pool
-            raise SigpropError(
-                "unsupported_op",
-                f"node '{v.gid}' has shape {list(shapes[v.gid])} in the graph but {dims[1:]} in the ONNX model",
-                "an op's attributes map onto the graph differently than ONNX computes them",
-            )
-
-
 def graph_from_onnx(model_or_path, *, keep_fn: bool = False, assumptions: str = "strict") -> tuple[dict, dict]:
     """``(graph, params)``: the ``sigprop.graph/v1`` graph of an ONNX model and, for every dense and conv
     node, the names of its initializers ``{"weight": name, "bias": name or None}``.
@@ -581,7 +592,7 @@ def graph_from_onnx(model_or_path, *, keep_fn: bool = False, assumptions: str = 
     ops covered; anything else raises ``SigpropError("unsupported_op")`` naming the op type and the node.
     """
     check_assumptions(assumptions)
-    model = _load(model_or_path)
+    model = load(model_or_path)
     try:
         model = shape_inference.infer_shapes(model)
     except Exception as exc:  # noqa: BLE001 - onnx raises several types for a model it cannot infer
@@ -593,7 +604,7 @@ def graph_from_onnx(model_or_path, *, keep_fn: bool = False, assumptions: str = 
     for nd in graph["nodes"]:
         if nd["op"] == "activation" and keep_fn:
             nd["fn"] = imp.entries[nd["id"]]["fn"]
-    _check(graph, imp)
+    check(graph, imp)
     fns = (e["fn"] for e in imp.entries.values() if e["op"] == "activation")
     finish_graph(graph, fns, keep_fn=keep_fn, assumptions=assumptions)
     return graph, imp.params
