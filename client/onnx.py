@@ -56,7 +56,7 @@ import numpy as np
 from ..schemas.activations import SELU_ALPHA, SELU_LAMBDA
 from ..schemas.errors import SigpropError
 from .adapters import Unsupported, check_assumptions, clean_id, finish_graph
-from .onnx_attention import ATTENTION_HINT, AttentionSite, find_attention, has_attention
+from .onnx_attention import ATTENTION_HINT, AttentionSite, emit_attention, find_sites
 from .onnx_io import check, contract_shape, dims_of, load, torch_id
 from .scaled_sums import ScaledSums
 
@@ -225,44 +225,10 @@ class _Importer:
     # ------------------------------------------------------------------ sequence models
 
     def find_sites(self, name: str, dims: list) -> None:
-        if not has_attention(self.model):
-            return
-        for site in find_attention(self, name, dims):
-            self.region.update((i, site) for i in site.region)
-            for src, role in zip(site.sources, "qkv", strict=True):
-                self.cuts.setdefault(src.tensor, []).append((src.lo, src.hi, role))
+        find_sites(self, name, dims)
 
     def attention(self, site: AttentionSite) -> None:
-        """The attention node of a site, on its query, key and value dense nodes."""
-        ins = []
-        for src, role in zip(site.sources, ("query", "key", "value"), strict=True):
-            gid = self.part_gid.get((src.tensor, src.lo, src.hi))
-            v = self.vals.get(src.tensor)
-            if gid is None and v is not None and v.factor == 1.0 and self.entries[v.gid]["op"] == "dense":
-                gid = v.gid
-            if gid is None:
-                raise SigpropError(
-                    "unsupported_op",
-                    f"ONNX node '{site.core.name}' ({site.core.op_type}): its {role} '{src.tensor}' is not a dense "
-                    "layer's output (a MatMul by an initializer, with its bias)",
-                    ATTENTION_HINT,
-                )
-            ins.append(gid)
-        reads = {tuple(self.entries[g]["node"]["inputs"]) for g in ins}
-        if len(reads) != 1:
-            raise SigpropError(
-                "unsupported_op",
-                f"ONNX node '{site.core.name}' ({site.core.op_type}): cross-attention, its query, key and value "
-                f"dense layers ({', '.join(ins)}) read different tensors",
-                "self-attention only: q, k and v are dense layers of one input",
-            )
-        base = self.dense_base.get(ins[0], ins[0])
-        # the q layer's parent module (as graph_from_module names it), else the Softmax/Attention node's name
-        named = "." in base and "/" not in base
-        name = base.rsplit(".", 1)[0] if named else torch_id(site.core) or site.core.name or "attention"
-        gid = self.new_id(name)
-        self.emit(gid, "attention", ins, heads=int(site.heads), causal=bool(site.causal))
-        self.vals[site.merged] = _Val(gid)
+        emit_attention(self, site, _Val)
 
     def dense(self, node, name: str, src: str, out: str, weight: str, bias, units: int, fan_in: int) -> None:
         """A dense node for ``out`` (several, one per block, for a fused qkv layer cut for attention)."""

@@ -33,8 +33,9 @@ import numpy as np
 import onnx
 
 from ..schemas.errors import SigpropError
+from .onnx_io import torch_id
 
-__all__ = ["AttentionSite", "find_attention", "has_attention", "ATTENTION_HINT"]
+__all__ = ["AttentionSite", "find_attention", "find_sites", "emit_attention", "has_attention", "ATTENTION_HINT"]
 
 ATTENTION_HINT = (
     "sequence models map per-token MatMul/Gemm, LayerNormalization over the features, activations, adds and "
@@ -334,3 +335,46 @@ def find_attention(imp, input_name: str, dims: list) -> list[AttentionSite]:
                 if any(id(u) not in region and not _shape_only(imp, u) for u in imp.consumers.get(src.tensor, [])):
                     raise _refuse(s.core, f"'{src.tensor}' is cut into queries, keys and values and also read whole")
     return sites
+
+
+def find_sites(imp, name: str, dims: list) -> None:
+    """Record every attention site of a sequence model on the importer (its region and fused cuts)."""
+    if not has_attention(imp.model):
+        return
+    for site in find_attention(imp, name, dims):
+        imp.region.update((i, site) for i in site.region)
+        for src, role in zip(site.sources, "qkv", strict=True):
+            imp.cuts.setdefault(src.tensor, []).append((src.lo, src.hi, role))
+
+
+def emit_attention(imp, site: AttentionSite, val_type) -> None:
+    """The attention node of a site, on its query, key and value dense nodes."""
+    ins = []
+    for src, role in zip(site.sources, ("query", "key", "value"), strict=True):
+        gid = imp.part_gid.get((src.tensor, src.lo, src.hi))
+        v = imp.vals.get(src.tensor)
+        if gid is None and v is not None and v.factor == 1.0 and imp.entries[v.gid]["op"] == "dense":
+            gid = v.gid
+        if gid is None:
+            raise SigpropError(
+                "unsupported_op",
+                f"ONNX node '{site.core.name}' ({site.core.op_type}): its {role} '{src.tensor}' is not a dense "
+                "layer's output (a MatMul by an initializer, with its bias)",
+                ATTENTION_HINT,
+            )
+        ins.append(gid)
+    reads = {tuple(imp.entries[g]["node"]["inputs"]) for g in ins}
+    if len(reads) != 1:
+        raise SigpropError(
+            "unsupported_op",
+            f"ONNX node '{site.core.name}' ({site.core.op_type}): cross-attention, its query, key and value "
+            f"dense layers ({', '.join(ins)}) read different tensors",
+            "self-attention only: q, k and v are dense layers of one input",
+        )
+    base = imp.dense_base.get(ins[0], ins[0])
+    # the q layer's parent module (as graph_from_module names it), else the Softmax/Attention node's name
+    named = "." in base and "/" not in base
+    name = base.rsplit(".", 1)[0] if named else torch_id(site.core) or site.core.name or "attention"
+    gid = imp.new_id(name)
+    imp.emit(gid, "attention", ins, heads=int(site.heads), causal=bool(site.causal))
+    imp.vals[site.merged] = val_type(gid)
