@@ -441,15 +441,16 @@ def test_a_sequence_flattened_first_is_an_mlp_and_is_covered():
     assert [nd["op"] for nd in graph["nodes"]] == ["input", "flatten", "dense", "activation", "dense", "output"]
 
 
-def test_huggingface_models_are_refused_by_their_attention_module():
-    pytest.importorskip("transformers")  # not a dependency: skipped where it is not installed
+def test_huggingface_cross_attention_is_refused_by_its_module():
+    """GPT-2 and Llama are read (issue 36, tests/client/test_client_hf.py); what they cannot map is named."""
+    pytest.importorskip("transformers")
     import torch
     from transformers import GPT2Config, GPT2Model
 
     from sigprop.client.torch import graph_from_module
 
-    model = GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2))
-    with pytest.raises(SigpropError, match="GPT2Attention: attention\\) is not supported yet"):
+    model = GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, add_cross_attention=True))
+    with pytest.raises(SigpropError, match="'h.0.crossattention' \\(GPT2Attention, cross-attention"):
         graph_from_module(model, torch.zeros(2, 8, dtype=torch.long))
 
 
