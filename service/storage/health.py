@@ -95,6 +95,10 @@ class StorageHealth:
         request pays at most one socket timeout, not one per call it makes."""
         self.lost_until = time.monotonic() + self.lost_s
 
+    def reached(self) -> None:
+        """A call reached the store: it is back, so calls wait for it again (ends ``lost``)."""
+        self.lost_until = 0.0
+
     @property
     def suspended(self) -> bool:
         return time.monotonic() < self.lost_until

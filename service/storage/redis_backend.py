@@ -112,7 +112,7 @@ class RedisSolutionCache:
         """``fn`` against Redis, its failures as the cache's exceptions; a call that times out or
         loses its connection suspends the others for ``StorageHealth.lost_s``."""
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self.health.lost()
             raise CacheUnavailable(str(exc)) from None
@@ -122,6 +122,9 @@ class RedisSolutionCache:
             # anything else Redis refuses (a key of the wrong type where an index should be): the
             # cache is unusable for this call, which degrades like an outage rather than a 500
             raise CacheUnavailable(f"Redis refused the call: {exc}") from None
+        if self.health.lost_until:  # Redis answered (the readiness probe, after an outage): calls wait again
+            self.health.reached()
+        return out
 
     def _hit_note(self, key: str, note) -> None:
         note = note.decode() if isinstance(note, bytes) else (note or "")
