@@ -13,7 +13,8 @@ from pathlib import Path
 from .health import StorageHealth, write_refused
 from .protocols import SolutionCache, ValidationStore
 from .records import ACTIVE, TERMINAL, CacheUnavailable, Checksum, Record, StorageFull, UnreadableRecord, new_record
-from .redis_backend import RedisSolutionCache, RedisValidationStore
+from .redis_backend import RedisSolutionCache
+from .redis_validations import RedisValidationStore
 from .sqlite_backend import SqliteSolutionCache, SqliteValidationStore, connect_sqlite
 
 __all__ = [
