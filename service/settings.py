@@ -90,7 +90,7 @@ class Settings(NodeLimit):
     small_solve_cost: int = Field(
         default=2_000,
         ge=0,
-        description="a cold solve of at most this many nodes + edges is small: it may also run in the small lane (SIGPROP_SMALL_SOLVE_PROCESSES), so large solves queued ahead never hold it up; 0: every solve is large",
+        description="a cold solve whose price (nodes + edges, plus a sequence graph's token-kernel work at 10 us a unit) is at most this is small: it may also run in the small lane (SIGPROP_SMALL_SOLVE_PROCESSES), so large solves queued ahead never hold it up; 0: every solve is large",
     )
     small_solve_processes: int = Field(
         default=1,
@@ -113,7 +113,7 @@ class Settings(NodeLimit):
         default=1,
         ge=0,
         le=64,
-        description="large cold solves one client runs at once per API process; its others wait (within the solve timeout) while other clients' solves start; 0: no cap",
+        description="large cold solves one client (an API key; all clients without a key together) runs at once per API process; its others wait (within the solve timeout) while other clients' solves start; 0: no cap",
     )
     memo_bytes: int = Field(
         default=64 << 20,
