@@ -74,6 +74,7 @@ from .activations import (  # noqa: E402 - after the JAX import check above
     _canonical,
     activation_fn,
 )
+from .fused import Columns, apply_columns  # noqa: E402
 from .initializers import (  # noqa: E402 - after the JAX import check above
     Initializer,
     _expected_fans,
@@ -435,6 +436,10 @@ def apply_to_params(
     for lid, path in mapping.items():
         layer = layers.get(lid)
         if layer is None:
+            continue
+        if isinstance(path, Columns):  # a block of a fused qkv Dense (fused.py)
+            names = (tuple(kernel_names), tuple(bias_names))
+            new = apply_columns(new, params, layer, lid, path, names, layer_keys[order[lid]], report, covered)
             continue
         paths = _kernel_and_bias(params, lid, path, kernel_names, bias_names, report)
         if paths is None:

@@ -31,6 +31,7 @@ from ...schemas.errors import SigpropError
 from ...schemas.graph import unsupported_note
 from ..adapters import check_assumptions, finish_graph
 from .activations import activation_fn  # the catalogue's exact phi
+from .fused import FUSED_HINT, drop_fused, fused_split
 from .sequence import ATTENTION_HINT, dense_on_tokens, norm_step, sequence_step, settle, written_out_attention
 
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint"}
@@ -249,12 +250,10 @@ def _structural(w: _Walker, eqn, ins: list, out) -> None:
         )
         w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], prim, scaled_ok=True), out)
         return None
-    if w.sequence and len(data) == 1 and prim in ("split", "slice"):
-        w.unsupported(
-            f"a {prim} of the features of '{w.resolve(data[0][0], prim, scaled_ok=True).node}' (a fused q/k/v Dense?)",
-            "write queries, keys and values as three nn.Dense layers of one input (a fused Dense split "
-            "afterwards is not read)",
-        )
+    if w.sequence and len(data) == 1 and prim in ("split", "slice") and not fused_split(w, eqn, data[0][0], _Net):
+        w.unsupported(f"a {prim} of the features of '{w.resolve(data[0][0], prim, scaled_ok=True).node}'", FUSED_HINT)
+    elif w.sequence and len(data) == 1 and prim in ("split", "slice"):
+        return None
     if w.sequence and written_out_attention(eqn, len(data)):
         note = w.unsupported("a product of two network values (attention scores or mixing written out)", ATTENTION_HINT)
         w.kind[ov] = w.stand_in(note, w.resolve(data[0][0], prim, scaled_ok=True), out, 1.0)
@@ -547,6 +546,7 @@ def extract_flax(module, variables, example_input, *, allow_unsupported: bool = 
     settle(w, closed.jaxpr.outvars[0], _Net)  # a model ending in a LayerNorm
     last = w.resolve(closed.jaxpr.outvars[0], "the output")
     w.new_node("output", {"op": "output", "inputs": [last.node]}, w.values[last.node])
+    drop_fused(w)  # a fused qkv Dense is its blocks
     for nd in w.nodes:
         nd.pop("fn_params", None)
     graph = {"schema": "sigprop.graph/v1", "nodes": w.nodes}
@@ -584,8 +584,8 @@ def graph_from_flax(
 
     A sequence ``[B, T, D]`` gives a sequence graph (input ``{"shape": [T, D], "sequence": true}``):
     ``nn.Dense`` per token, ``sigprop.client.jax.attention.ShapedAttention`` on three Dense layers of
-    one input an ``attention`` node, ``nn.LayerNorm`` a ``layer_norm`` node; the mapping also names
-    their modules (``sequence``).
+    one input (or the blocks of a fused qkv Dense, ``fused``) an ``attention`` node, ``nn.LayerNorm``
+    a ``layer_norm`` node; the mapping also names their modules (``sequence``).
     """
     import warnings
 
