@@ -24,6 +24,7 @@ from ...schemas.shapes import infer_shapes
 from ..adapters import Unsupported as _Unsupported
 from ..adapters import check_assumptions, clean_id, finish_graph
 from ..scaled_sums import ScaledSums
+from .attention import ATTENTION_HINT, ATTENTION_LAYERS, ATTENTION_WHY
 from .layers import WeightedSum, activation_of
 
 __all__ = ["graph_from_keras", "extract", "Entry", "Extraction"]
@@ -420,6 +421,8 @@ class _Walker:
             return
         if _NORMS and isinstance(op, _NORMS):
             raise Unsupported("a normalization layer, which the Q/C map analysis does not model", _NORM_HINT)
+        if type(op).__name__ in ATTENTION_LAYERS:
+            raise Unsupported(ATTENTION_WHY, ATTENTION_HINT)
         if _SEQUENCE and isinstance(op, _SEQUENCE):
             raise Unsupported(
                 "attention, embeddings and recurrent layers are not supported yet",
