@@ -54,7 +54,8 @@ class Offload:
     async def solve(self, service: SolutionService, body: bytes, client: str | None) -> SolveOutcome:
         """``service.begin`` (a cache hit answers here) then ``service.finish`` in the cold pool,
         both within one solve timeout; the solver process itself is killed at the deadline. A cold
-        answer's store write is left to the caller (the outcome's ``store``), to run once it is sent."""
+        answer is stored before it comes back (``SolutionService.finish``): when the wait gives up
+        first, the solve runs on in its thread and still stores it and releases its lock."""
         deadline = time.monotonic() + self.timeout_s
         # the solver pool answers solve_timeout at the deadline; the margin covers the rest
         margin = 1.0 if service.solver is not None else 0.0
@@ -63,27 +64,12 @@ class Offload:
             # finish run in one thread among the cold solves, one hand-off fewer (each costs a
             # scheduling delay on a busy machine); a large one is prepared in a solver process,
             # waited for there too, never in the threads cache hits need
-            return await self._deferring(self.timeout_s + margin, service.solve, body, client, deadline, True)
+            return await self._timed(self.timeout_s + margin, self.cold, service.solve, body, client, deadline)
         step = await self._timed(self.timeout_s, self.pool, service.begin, body, client)
         if isinstance(step, SolveOutcome):
             return step
         left = deadline - time.monotonic()
-        return await self._deferring(left + margin, service.finish, step, deadline, True)
-
-    async def _deferring(self, timeout_s: float, fn: Callable, *args) -> SolveOutcome:
-        """``_timed`` in the cold pool for a call whose outcome may carry a deferred store write:
-        when the wait gives up first, the write still runs once the call ends (else its answer
-        would go unstored and its single-flight lock held until it expires)."""
-        work = self.cold.submit(fn, *args)
-        try:
-            return await thread_result(work, timeout_s)
-        except asyncio.TimeoutError:
-            # on the thread's future, not the loop's: it runs when the call ends, loop or not
-            work.add_done_callback(_store_orphan)
-            raise timeout_error(self.timeout_s) from None
-        except asyncio.CancelledError:  # the request's task cancelled (shutdown): same as a timeout
-            work.add_done_callback(_store_orphan)
-            raise
+        return await self._timed(left + margin, self.cold, service.finish, step, deadline)
 
     async def _timed(self, timeout_s: float, pool: ThreadPoolExecutor, fn: Callable, *args) -> Any:
         work = pool.submit(fn, *args)
@@ -132,15 +118,6 @@ async def thread_result(work: Future, timeout_s: float) -> Any:
     if not work.done():
         raise asyncio.TimeoutError
     return work.result()
-
-
-def _store_orphan(work: Future) -> None:
-    """The deferred store write of an answer nobody waited for (in the thread that computed it)."""
-    if work.cancelled() or work.exception() is not None:
-        return
-    store = getattr(work.result(), "store", None)
-    if store is not None:
-        store()
 
 
 # -- access ----------------------------------------------------------------------------------------

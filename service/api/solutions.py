@@ -97,9 +97,6 @@ class SolveOutcome:
     body: str | bytes  # the answer JSON, byte-identical to `sigprop solve` apart from "cached"
     cached: bool
     key: str
-    # work left to run once the answer is sent (never raises); None: nothing. A cold answer's store
-    # write is not left here: it is done before the answer, which then says whether it was stored
-    store: Callable[[], None] | None = None
 
 
 class SolutionService:
@@ -197,13 +194,11 @@ class SolutionService:
             return None
         return text
 
-    def solve(
-        self, body: bytes, client: str | None = None, deadline: float | None = None, defer: bool = False
-    ) -> SolveOutcome:
+    def solve(self, body: bytes, client: str | None = None, deadline: float | None = None) -> SolveOutcome:
         """The answer to a request body. ``client`` is who a cold solve is counted against by
-        ``limit_cold`` (None: not limited); cache hits are never counted. ``defer``: see ``finish``."""
+        ``limit_cold`` (None: not limited); cache hits are never counted."""
         step = self.begin(body, client)
-        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline, defer)
+        return step if isinstance(step, SolveOutcome) else self.finish(step, deadline)
 
     def knows(self, body: bytes) -> bool:
         """Whether the memo holds this body (a cache hit is likely). Cheap enough for the event
@@ -269,10 +264,9 @@ class SolutionService:
             prepare_payload, (payload, self.limits), self.solve_timeout_s, what="preparing the request", client=client
         )
 
-    def finish(self, cold: ColdSolve, deadline: float | None = None, defer: bool = False) -> SolveOutcome:
+    def finish(self, cold: ColdSolve, deadline: float | None = None) -> SolveOutcome:
         """Solve what ``begin`` missed (single flight; killed at ``deadline``, a monotonic time).
-        The answer is stored before it is returned, so its warnings say when it was not stored;
-        ``defer`` (the callers' flag from when the write followed the send) changes nothing."""
+        The answer is stored before it is returned, so its warnings say when it was not stored."""
         if deadline is None:
             deadline = time.monotonic() + self.solve_timeout_s
         text, cached = self._solve_once(cold, deadline)

@@ -20,7 +20,6 @@ and for any other method or path.
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 from starlette.requests import Request
@@ -28,7 +27,6 @@ from starlette.requests import Request
 from ..errors import SigpropError
 from ..storage import CacheUnavailable
 from .auth import client_identity
-from .deps import Offload
 from .handlers import CACHE_DOWN_ERROR, error_response
 from .solutions import SolveOutcome
 
@@ -61,35 +59,26 @@ class SolveFastPath:
                 return await error_response(CACHE_DOWN_ERROR)(scope, receive, send)
         if outcome.cached:
             scope.setdefault("state", {})["cache_hit"] = True  # logged at DEBUG (observability.py)
-        await send_outcome(outcome, self.state.offload, send)
+        await send_outcome(outcome, send)
 
 
-async def send_outcome(outcome: SolveOutcome, offload: Offload, send) -> None:
-    """Send a solve's answer (200, its key header), then run its deferred store write: the path
-    above and the route (``routers/solve.py``) both answer through here.
-
-    The write (the cold answer stored, its single-flight lock released) runs in the cold threads
-    once the answer is sent, and the request ends when it is done, so a client's next request on
-    its connection finds it. It also runs when the send fails or the request is cancelled
-    (shielded: a cancelled wait must not cancel the write), else the next request for the key
-    would wait for the lock to expire; it never raises (``solutions._DeferredStore``)."""
+async def send_outcome(outcome: SolveOutcome, send) -> None:
+    """Send a solve's answer (200, its key header): the path above and the route
+    (``routers/solve.py``) both answer through here. A cold answer was stored before it came here
+    (``SolutionService.finish``), so a client's next request finds it."""
     answer = outcome.body if isinstance(outcome.body, bytes) else outcome.body.encode()
-    try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"x-sigprop-key", outcome.key.encode()),
-                    (b"content-length", str(len(answer)).encode()),
-                    (b"content-type", b"application/json"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": answer})
-    finally:
-        if outcome.store is not None:
-            await asyncio.shield(asyncio.wrap_future(offload.cold.submit(outcome.store)))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"x-sigprop-key", outcome.key.encode()),
+                (b"content-length", str(len(answer)).encode()),
+                (b"content-type", b"application/json"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer})
 
 
 async def _read_body(receive):

@@ -61,29 +61,19 @@ def test_corrupt_entry_is_recomputed_not_served(backend, tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
-def test_a_solution_read_or_deleted_right_after_its_answer_waits_for_the_deferred_write(backend, tmp_path):
-    """A cold answer is stored just after it is sent (its lock held until then): a client that reads
-    it back at once finds it, and a delete at once is not undone by the write landing after it."""
-    import threading
-
+def test_a_cold_answer_is_stored_before_it_is_returned(backend, tmp_path):
+    """A cold answer is stored (and its single-flight lock released) before it comes back, so its
+    warnings can say when it was not stored: a client that reads it back at once finds it, and a
+    delete at once removes it for good."""
     cache = _cache(backend, tmp_path)
     svc = SolutionService(cache, 60, 30)
     for act in ("get", "delete"):
         body = json.dumps({**json.loads(BODY), "targets": {"eta": 0.41 if act == "get" else 0.42}}).encode()
-        sent = svc.finish(svc.begin(body), defer=True)
-        assert sent.store is not None and cache.get(sent.key, count_hit=False) is None  # answered, not yet stored
-        got: list = []
-        reader = threading.Thread(target=lambda: got.append(getattr(svc, act)(sent.key)))
-        reader.start()
-        reader.join(0.2)
-        assert reader.is_alive()  # it waits for the write in flight
-        sent.store()
-        reader.join(5)
-        assert got and got[0]["key"] == sent.key
-        if act == "delete":
-            assert cache.get(sent.key, count_hit=False) is None  # the write came first, the delete after it
-        else:
-            assert cache.get(sent.key, count_hit=False) is not None
+        sent = svc.finish(svc.begin(body))
+        assert not sent.cached and cache.get(sent.key, count_hit=False) is not None
+        assert cache.acquire(sent.key, 1) is not None  # the lock is free again
+        assert getattr(svc, act)(sent.key)["key"] == sent.key
+        assert (cache.get(sent.key, count_hit=False) is None) == (act == "delete")
 
 
 @pytest.mark.parametrize("backend", ["redis", "sqlite"])

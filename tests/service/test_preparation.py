@@ -265,23 +265,14 @@ class LockingStore(Store):
         super().put(rec)
 
 
-def test_a_deferred_store_write_keeps_single_flight():
-    import threading
-
+def test_a_cold_answer_is_stored_inside_the_single_flight():
     store = LockingStore()
     service = SolutionService(store, 60.0, 30.0)
     body = json.dumps(mlp(20)).encode()
-    first = service.finish(service.begin(body), defer=True)
-    assert not first.cached and first.store is not None
-    assert store.puts == 0 and store.held  # answered before the write; the lock is still held
-    second: list = []
-    waiter = threading.Thread(target=lambda: second.append(service.solve(body)))
-    waiter.start()
-    waiter.join(0.3)
-    assert waiter.is_alive()  # it waits for the answer being stored rather than solving it again
-    first.store()
-    waiter.join(10)
-    assert second and second[0].cached and store.puts == 1 and not store.held
+    first = service.finish(service.begin(body))
+    assert not first.cached and store.puts == 1 and not store.held  # stored, then the lock released
+    second = service.solve(body)
+    assert second.cached and store.puts == 1
 
 
 def test_a_store_refusing_writes_is_written_before_the_answer_goes():
@@ -300,12 +291,12 @@ def test_a_store_refusing_writes_is_written_before_the_answer_goes():
     store = Refusing()
     store.health = Degraded()
     service = SolutionService(store, 60.0, 30.0)
-    outcome = service.finish(service.begin(json.dumps(mlp(20)).encode()), defer=True)
-    assert outcome.store is None and not store.held
+    outcome = service.finish(service.begin(json.dumps(mlp(20)).encode()))
+    assert not store.held
     assert any("not stored" in w for w in json.loads(outcome.body)["warnings"])
 
 
-def test_a_deferred_store_write_runs_even_when_the_wait_for_its_answer_gave_up():
+def test_a_cold_solve_whose_wait_gave_up_runs_on_to_its_store():
     import asyncio
     import threading
     import time
@@ -315,15 +306,16 @@ def test_a_deferred_store_write_runs_even_when_the_wait_for_its_answer_gave_up()
 
     stored = threading.Event()
 
-    def late_answer():
+    def late_answer():  # SolutionService.finish: the solve, then its store write, then the answer
         time.sleep(0.2)
-        return SolveOutcome("{}", False, "k", stored.set)
+        stored.set()
+        return SolveOutcome("{}", False, "k")
 
     offload = Offload(0.05)
     try:
         with pytest.raises(SigpropError) as info:
-            asyncio.run(offload._deferring(0.05, late_answer))
+            asyncio.run(offload._timed(0.05, offload.cold, late_answer))
         assert info.value.code == "solve_timeout"
-        assert stored.wait(5)  # the answer's store write (and lock release) still ran
+        assert stored.wait(5)  # the thread ran on: the answer's store write (and lock release) still ran
     finally:
         offload.shutdown()

@@ -1,6 +1,6 @@
 """``deps.thread_result``: a thread pool's result awaited on the event loop with a timeout, and
-``Offload``'s cold path built on it: a cold answer's deferred store write still runs when nobody
-waits for the answer any more (the wait timed out, or the request's task was cancelled)."""
+``Offload``'s cold path built on it: a cold solve runs on to its store write when nobody waits for
+the answer any more (the wait timed out, or the request's task was cancelled)."""
 
 import asyncio
 import threading
@@ -74,7 +74,7 @@ def test_a_work_already_done_answers_without_waiting(pool):
 
 class _ColdService:
     """Just enough of ``SolutionService`` for ``Offload.solve``'s cold path: an unknown body, and a
-    solve that blocks until released, then answers with a deferred store write."""
+    solve that blocks until released, then stores its answer and returns it (as ``finish`` does)."""
 
     solver = None
 
@@ -85,9 +85,10 @@ class _ColdService:
     def knows(self, body):
         return False
 
-    def solve(self, body, client, deadline, defer):
+    def solve(self, body, client, deadline):
         self.release.wait(5)
-        return SimpleNamespace(store=self.stored.set)
+        self.stored.set()
+        return SimpleNamespace()
 
 
 @pytest.mark.parametrize("how", ["timeout", "cancelled"])
@@ -111,7 +112,7 @@ def test_a_cold_answer_nobody_waits_for_is_still_stored(how):
         asyncio.run(main())
         assert not service.stored.is_set()
         service.release.set()
-        assert service.stored.wait(5), "the deferred store write did not run"
+        assert service.stored.wait(5), "the solve did not run on to its store write"
     finally:
         service.release.set()
         offload.shutdown()

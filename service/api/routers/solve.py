@@ -28,17 +28,16 @@ async def post_solve(request: Request):
         outcome = await state.offload.solve(state.solutions, body, client_identity(request, state.keys))
     if outcome.cached:
         request.state.cache_hit = True  # logged at DEBUG, not INFO (observability.py)
-    # sent as the fast path sends it (solve_fastpath.send_outcome): a cold answer is stored once it
-    # is sent (its single-flight lock held until then), also when the send fails
-    return _OutcomeResponse(outcome, state.offload)
+    # sent as the fast path sends it (solve_fastpath.send_outcome)
+    return _OutcomeResponse(outcome)
 
 
 class _OutcomeResponse(Response):
     """A solve's answer as an ASGI response that ``send_outcome`` sends."""
 
-    def __init__(self, outcome, offload):
+    def __init__(self, outcome):
         super().__init__(media_type="application/json")
-        self.outcome, self.offload = outcome, offload
+        self.outcome = outcome
 
     async def __call__(self, scope, receive, send) -> None:
-        await send_outcome(self.outcome, self.offload, send)
+        await send_outcome(self.outcome, send)
