@@ -7,6 +7,8 @@ client sending a small cold solve (a new MLP-100 target) every 100 ms, a cache h
 
 - ``templates``: 8 concurrent anonymous ``GET /v1/templates/mlp?depth=10000`` back to back;
 - ``uspa``: 40 concurrent U-SPA solves (100 blocks, T 256, new targets) from one key;
+- ``anon16``: 16 anonymous clients, each from its own source address (127.0.0.10-25), sending
+  unreachable TAT tanh targets back to back (each a root search to the end of its budget);
 - ``reads``: 8 concurrent ``GET /v1/solutions/{key}`` of a 1.8 MB stored answer, from one key.
 
     .venv/bin/python bench/fairness_attack.py                    # about 2 minutes
@@ -60,6 +62,11 @@ def _uspa() -> dict:
     }
 
 
+def _unreachable() -> dict:
+    """Past tanh's reach by proof (bench/inline_attack.py): the root search spends its whole budget."""
+    return {"graph": MLP, "method": "tat", "activation": "tanh", "targets": {"tau": 1e8 + next(_N)}}
+
+
 def _small() -> dict:
     return {**HIT, "targets": {"eta": 0.9 - next(_N) * 1e-6}}
 
@@ -91,11 +98,22 @@ async def _attack(base: str, attack: str, seconds: float, large_key: str | None)
     stop = asyncio.Event()
     counts: collections.Counter = collections.Counter()
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    clients: list[httpx.AsyncClient] = []
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as a:
         if attack == "templates":
             tasks = [_attacker(a, stop, counts, "GET", "/v1/templates/mlp?depth=10000") for _ in range(8)]
         elif attack == "uspa":
             tasks = [_attacker(a, stop, counts, "POST", "/v1/solve", _uspa, attack_h) for _ in range(40)]
+        elif attack == "anon16":  # each its own source address: 127.0.0.10 ... 127.0.0.25
+            clients = [
+                httpx.AsyncClient(
+                    base_url=base,
+                    timeout=60,
+                    transport=httpx.AsyncHTTPTransport(local_address=f"127.0.0.{10 + i}"),
+                )
+                for i in range(16)
+            ]
+            tasks = [_attacker(ci, stop, counts, "POST", "/v1/solve", _unreachable) for ci in clients]
         else:  # reads
             path = f"/v1/solutions/{large_key}"
             tasks = [_attacker(a, stop, counts, "GET", path, None, attack_h) for _ in range(8)]
@@ -103,6 +121,8 @@ async def _attack(base: str, attack: str, seconds: float, large_key: str | None)
         await asyncio.sleep(seconds)
         stop.set()
         await asyncio.wait(running, timeout=65)
+        for ci in clients:
+            await ci.aclose()
     return dict(counts)
 
 
@@ -157,7 +177,7 @@ def _cell(v) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=15)
-    ap.add_argument("--attacks", nargs="+", default=["templates", "uspa", "reads"])
+    ap.add_argument("--attacks", nargs="+", default=["templates", "uspa", "anon16", "reads"])
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="sigprop-fairness-"))
