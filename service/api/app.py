@@ -27,7 +27,7 @@ from .coldpool import SolverPool
 from .deps import Offload, read_access, stored_read_access
 from .exposure import ClosedSurfacesMiddleware, closed_paths
 from .handlers import install_error_handlers
-from .http_guards import HttpGuardsMiddleware
+from .http_guards import JsonBodiesMiddleware, NosniffMiddleware
 from .inline_lane import InlineLane
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
@@ -153,6 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SolveFastPath, state=state, enabled=not settings.keys_for_reads)
     app.add_middleware(ClosedSurfacesMiddleware, closed=closed_paths(settings))  # docs, dashboard, metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(JsonBodiesMiddleware)  # 415 before anything reads the body, with the request's id
     app.add_middleware(RequestContextMiddleware, logger=logger)
-    app.add_middleware(HttpGuardsMiddleware)  # outermost: 415 before anything reads; nosniff on every answer
+    app.add_middleware(NosniffMiddleware)  # outermost: nosniff on every answer
     return app

@@ -38,14 +38,16 @@ def _unsupported(content_type: bytes | None) -> bytes:
     ).encode()
 
 
-class HttpGuardsMiddleware:
+class JsonBodiesMiddleware:
+    """415 for a body to a JSON route that is not ``application/json`` (module docstring). Inside the
+    request context (``observability.RequestContextMiddleware``), so the answer carries the request id
+    and is logged and counted like any other."""
+
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        if scope["method"] in JSON_METHODS and scope["path"].startswith(JSON_PREFIX):
+        if scope["type"] == "http" and scope["method"] in JSON_METHODS and scope["path"].startswith(JSON_PREFIX):
             content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
             if not is_json(content_type):
                 body = _unsupported(content_type)
@@ -56,11 +58,23 @@ class HttpGuardsMiddleware:
                         "headers": [
                             (b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            NOSNIFF,
                         ],
                     }
                 )
                 return await send({"type": "http.response.body", "body": body})
+        return await self.app(scope, receive, send)
+
+
+class NosniffMiddleware:
+    """``X-Content-Type-Options: nosniff`` on every response (module docstring): the outermost layer,
+    so answers the other middleware write themselves (405, 413, 415) carry it too."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
 
         async def with_nosniff(message):
             if message["type"] == "http.response.start":

@@ -95,6 +95,8 @@ def test_json_routes_take_only_json(api, path, content_type):
     r = api.post(path, content=body, headers=headers)
     err = assert_error(r, 415, "unsupported_media_type")
     assert "application/json" in err["hint"]
+    # answered inside the request context: it carries the request's id (and is logged and counted)
+    assert r.headers.get("x-request-id") and r.headers.get("x-content-type-options") == "nosniff"
 
 
 def test_json_with_a_charset_is_json(api):
