@@ -37,9 +37,8 @@ from ..answers import personalize_json
 from ..engine.limits import Limits
 from ..engine.solve import Prepared, solve_canonical
 from ..errors import SigpropError
-from ..preparation import Admitted, admit, check_template, prepare_admitted, prepare_payload, solve_price
+from ..preparation import Admitted, admit, prepare_admitted, prepare_payload, solve_price
 from ..requests import SOLVE_HINT, load_json
-from ..schemas.graph import Template
 from ..storage import CacheUnavailable, SolutionCache, StorageFull, new_record
 from ..storage.hot import HotAnswers
 from ..storage.records import PLAIN
@@ -272,11 +271,6 @@ class SolutionService:
         text, cached = self._solve_once(cold, deadline)
         answer = personalize_json(text, cold.parsed.ids, cold.parsed.graph_warnings + tuple(cold.notes), cached=cached)
         return SolveOutcome(answer, cached, cold.parsed.key)
-
-    def check_size(self, graph: Template) -> None:
-        """Refuse a template over the limits from its parameters alone, before anything is built
-        (``graph_too_large``, 413): ``GET /v1/templates/{name}`` expands only what a solve may."""
-        check_template(graph, self.limits)
 
     def _solve_once(self, cold: ColdSolve, deadline: float) -> tuple[str, bool]:
         """Single flight: one solver per key across processes; the others read its answer. The

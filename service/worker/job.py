@@ -15,6 +15,7 @@ from ..schemas.solve import Solution
 from ..settings import get_settings
 from ..storage import ValidationStore
 from .charlm_plan import plan_charlm
+from .classify_plan import plan_classify
 from .dataset_policy import DatasetPolicy, graph_input_shape
 
 log = logging.getLogger("sigprop")
@@ -108,10 +109,13 @@ def confine_dataset(payload: dict, policy: DatasetPolicy | None) -> dict:
     policy = policy or DatasetPolicy.from_settings(get_settings())
     request = dict(payload["request"])
     request["dataset"] = policy.check(str(request.get("dataset", "digits")), graph_input_shape(payload["graph"]))
+    # the cost bounds, again on the worker
     if request.get("task") == "charlm":
-        plan_charlm(request, payload["graph"])  # the cost bounds, again on the worker
+        plan_charlm(request, payload["graph"])
         if payload.get("solve_request") is not None:  # the shortcuts arm solves with the same fields
             request["solve_request"] = payload["solve_request"]
+    else:
+        plan_classify(request, payload["graph"])
     return request
 
 

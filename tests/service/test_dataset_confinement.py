@@ -156,6 +156,10 @@ def test_synthetic_input_shape_over_the_bound_is_refused_before_allocating(clien
     assert peak < 50_000_000 and elapsed < 5, (peak, elapsed)
 
 
+# a graph the worker's cost bounds accept (a job's graph is the solved, valid one)
+TINY = {"nodes": [{"id": "x", "op": "input", "shape": [4]}, {"id": "out", "op": "output", "inputs": ["x"]}]}
+
+
 def test_the_worker_checks_again_before_training(folders):
     policy = DatasetPolicy(folders[0], MAX_BYTES, MAX_VALUES)
     graph = {"nodes": [{"id": "input", "op": "input", "shape": [1_000_000], "inputs": []}]}
@@ -163,12 +167,12 @@ def test_the_worker_checks_again_before_training(folders):
         job.confine_dataset({"request": {"dataset": "synthetic"}, "graph": graph}, policy)
     assert exc.value.code == "dataset_too_large"
     with pytest.raises(SigpropError, match="not a file name inside"):
-        job.confine_dataset({"request": {"dataset": "link.npz"}, "graph": {"nodes": []}}, policy)
+        job.confine_dataset({"request": {"dataset": "link.npz"}, "graph": TINY}, policy)
     with pytest.raises(SigpropError, match="SIGPROP_DATASETS_DIR is not set"):
         job.confine_dataset(
-            {"request": {"dataset": "good.npz"}, "graph": {"nodes": []}}, DatasetPolicy(None, MAX_BYTES, MAX_VALUES)
+            {"request": {"dataset": "good.npz"}, "graph": TINY}, DatasetPolicy(None, MAX_BYTES, MAX_VALUES)
         )
-    ok = job.confine_dataset({"request": {"dataset": "sub/nested.npz"}, "graph": {"nodes": []}}, policy)
+    ok = job.confine_dataset({"request": {"dataset": "sub/nested.npz"}, "graph": TINY}, policy)
     assert ok["dataset"] == str((folders[0] / "sub" / "nested.npz").resolve())
 
 

@@ -17,6 +17,7 @@ import sigprop.engine.templates.expand as expand_module
 from sigprop.api.solutions import ColdSolve, SolutionService
 from sigprop.engine.limits import token_work
 from sigprop.engine.solve import solve_canonical
+from sigprop.errors import SigpropError
 from sigprop.preparation import prepare_data
 from sigprop.schemas import attention_init
 from sigprop.schemas.ops import ATTENTION
@@ -182,3 +183,18 @@ def test_a_classification_validation_past_the_training_bounds_is_refused_with_41
         ok = {**huge, "solve": mlp(depth=3), "steps": 5, "batch_size": 8}
         ok["solve"]["graph"].update({"input_shape": [64], "classes": 10})
         assert c.post("/v1/validations", json=ok, headers=bearer(KEY_ONE)).status_code == 202
+
+
+def test_the_worker_checks_the_classify_bound_again():
+    """A job that reached the queue some other way (an older API, a hand-edited record) is refused on
+    the worker too, before it builds anything."""
+    from sigprop.worker.job import confine_dataset
+
+    nodes = [{"id": "x", "op": "input", "shape": [64]}]
+    for i in range(400):
+        nodes.append({"id": f"d{i}", "op": "dense", "inputs": [nodes[-1]["id"]], "units": 4096})
+    nodes.append({"id": "out", "op": "output", "inputs": [nodes[-1]["id"]]})
+    payload = {"graph": {"schema": "sigprop.graph/v1", "nodes": nodes}, "request": {"steps": 20000, "batch_size": 64}}
+    with pytest.raises(SigpropError) as err:
+        confine_dataset(payload, None)
+    assert err.value.code == "validation_too_large" and err.value.hint
