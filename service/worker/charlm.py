@@ -18,7 +18,10 @@ about 5x more steps. The arms (``arms`` of the request, ``sigprop.worker.charlm_
 ``standard``
     the same template with ``shortcuts=true, norms=true``: pre-LN blocks with plain ``x + f(x)``
     adds, ReLU (``nn.TransformerEncoderLayer``'s default), plain causal softmax attention, PyTorch's
-    default initialization, and a final LayerNorm before the head (as GPT-2's ``ln_f``).
+    default initialization, and a final LayerNorm before the head (as GPT-2's ``ln_f``);
+``hf_gpt2``, ``hf_gpt2_keep``, ``hf_gpt2_norm_free``
+    HuggingFace's ``GPT2LMHeadModel`` of the template's size: stock, and the two recipes of issue 36
+    solved and applied (``sigprop.worker.charlm_hf``; they call the model, not ``CharLM`` below).
 
 Every arm is ``embedding -> graph body -> head``: an ``nn.Embedding(256, width)`` of the corpus
 bytes, whose N(0, 1) init gives every token q = 1 and distinct bytes nearly orthogonal vectors (the
@@ -53,6 +56,7 @@ from ..errors import SigpropError
 from ..schemas.graph import Graph, Template
 from ..schemas.solve import Solution, SolveRequest
 from .charlm_corpus import VOCAB_SIZE, Corpus, load_corpus
+from .charlm_hf import HF_ARMS, make_hf_arm
 from .charlm_plan import CharLMPlan, TransformerParams, plan_charlm
 from .inputs import _as_graph, _as_solution, _training_config
 from .measurements import grad_norms
@@ -153,6 +157,12 @@ class _Arm:
 def _solve_request(request: dict, sol: Solution, template: dict) -> SolveRequest:
     """The solve request of the ``shortcuts`` arm: the validated one's (or the answer's method,
     activation, targets and attention) with the template's graph."""
+    return SolveRequest.model_validate({**_solve_body(request, sol), "graph": template})
+
+
+def _solve_body(request: dict, sol: Solution) -> dict:
+    """The validated solve request's fields but its graph (or the answer's method, activation,
+    targets and attention shaping)."""
     base = request.get("solve_request") or request.get("solve")
     if isinstance(base, dict):
         body = {k: v for k, v in base.items() if k != "graph"}
@@ -162,7 +172,7 @@ def _solve_request(request: dict, sol: Solution, template: dict) -> SolveRequest
         if att is not None:
             shaping = att.get("shaping") if isinstance(att, dict) else att.shaping
             body["attention"] = {"shaping": shaping}
-    return SolveRequest.model_validate({**body, "graph": template})
+    return body
 
 
 def _template_graph(template: dict) -> Graph:
@@ -220,7 +230,14 @@ def _make_arm(name: str, request: dict, graph: Graph, sol: Solution, params: Tra
             body.paths,
             body.weighted,
         )
-    raise SigpropError("invalid_request", f"unknown arm {name!r}", "arms are 'solved', 'shortcuts' and 'standard'")
+    if name in HF_ARMS:
+        model, description, made, facts, paths, weighted = make_hf_arm(
+            name, _solve_body(request, sol), params, seed, VOCAB_SIZE
+        )
+        return _Arm(name, description, model, made, facts, paths, weighted)
+    raise SigpropError(
+        "invalid_request", f"unknown arm {name!r}", f"arms are 'solved', 'shortcuts', 'standard', {', '.join(HF_ARMS)}"
+    )
 
 
 # =============================================================================================

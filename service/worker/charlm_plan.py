@@ -10,7 +10,8 @@ back from the expanded graph, so a solution given by key (whose request may hold
 graph) plans the same way as one given by template.
 
 Bounds (module constants, like the other validation limits): steps, batch size, sequence length,
-width, depth, and the training work ``6 x parameters x tokens`` summed over the arms (the usual
+width, depth, and the training work ``6 x parameters x tokens`` summed over the arms (each arm's
+own parameters: the HuggingFace GPT-2 arms have position embeddings and norms too) (the usual
 estimate of a transformer's training FLOPs: forward and backward, "Scaling Laws for Neural
 Language Models", Kaplan et al., arXiv:2001.08361, section 2.1).
 """
@@ -25,7 +26,7 @@ from ..errors import SigpropError
 from ..schemas.ops import AFFINE, ATTENTION, NORM, SOURCE, SUM, kind_of
 from .charlm_corpus import VOCAB_SIZE
 
-__all__ = ["TransformerParams", "CharLMPlan", "transformer_params", "plan_charlm", "LIMITS"]
+__all__ = ["HF_ARMS", "TransformerParams", "CharLMPlan", "transformer_params", "plan_charlm", "LIMITS"]
 
 MAX_STEPS = 20_000
 MAX_BATCH = 256
@@ -41,6 +42,8 @@ LIMITS = {
     "depth": MAX_DEPTH,
     "train_flops": MAX_TRAIN_FLOPS,
 }
+# the HuggingFace GPT-2 arms (sigprop.worker.charlm_hf): stock, recipe 1 (keep), recipe 2
+HF_ARMS = ("hf_gpt2", "hf_gpt2_keep", "hf_gpt2_norm_free")
 _BLOCK = re.compile(r"^b(\d+)\.attn$")
 _HINT = (
     'validate a solution of the transformer template, e.g. {"template": "transformer", "depth": 8, '
@@ -78,6 +81,15 @@ class TransformerParams:
         d, hidden = self.width, self.width * self.mlp_ratio
         block = 4 * (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
         return vocab * d + self.depth * block + d * vocab + vocab
+
+    def hf_gpt2_parameters(self, vocab: int = VOCAB_SIZE) -> int:
+        """Of the HuggingFace GPT-2 arms (``charlm_hf``): the same blocks, plus position embeddings
+        and LayerNorms, an untied head without bias (the stock one is tied but costs as much)."""
+        d = self.width
+        return self.parameters(vocab) - vocab + self.seq_len * d + self.depth * 4 * d + 2 * d
+
+    def arm_parameters(self, arm: str, vocab: int = VOCAB_SIZE) -> int:
+        return self.hf_gpt2_parameters(vocab) if arm in HF_ARMS else self.parameters(vocab)
 
 
 def transformer_params(graph: dict) -> TransformerParams:
@@ -153,10 +165,12 @@ def plan_charlm(request: dict, graph: dict) -> CharLMPlan:
     _bound("width", params.width, MAX_WIDTH, "use a narrower transformer")
     _bound("depth", params.depth, MAX_DEPTH, "use fewer blocks")
     n_params = params.parameters()
-    flops = 6.0 * n_params * steps * batch * params.seq_len * len(arms)
+    all_params = sum(params.arm_parameters(a) for a in arms)
+    flops = 6.0 * all_params * steps * batch * params.seq_len
     if not math.isfinite(flops) or flops > MAX_TRAIN_FLOPS:
         raise _too_large(
-            f"training {len(arms)} arm(s) of {n_params} parameters on {steps} x {batch} x {params.seq_len} tokens "
+            f"training {len(arms)} arm(s) of {all_params} parameters in all "
+            f"on {steps} x {batch} x {params.seq_len} tokens "
             f"is about {flops:.3g} FLOPs, over this server's bound of {MAX_TRAIN_FLOPS:.3g}",
             smaller,
         )
