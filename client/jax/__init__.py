@@ -74,7 +74,7 @@ from .activations import (  # noqa: E402 - after the JAX import check above
     _canonical,
     activation_fn,
 )
-from .fused import Columns, apply_columns  # noqa: E402
+from .fused import Columns  # noqa: E402
 from .initializers import (  # noqa: E402 - after the JAX import check above
     Initializer,
     _expected_fans,
@@ -439,7 +439,7 @@ def apply_to_params(
             continue
         if isinstance(path, Columns):  # a block of a fused qkv Dense (fused.py)
             names = (tuple(kernel_names), tuple(bias_names))
-            new = apply_columns(new, params, layer, lid, path, names, layer_keys[order[lid]], report, covered)
+            new = _apply_columns(new, params, layer, lid, path, names, layer_keys[order[lid]], report, covered)
             continue
         paths = _kernel_and_bias(params, lid, path, kernel_names, bias_names, report)
         if paths is None:
@@ -538,3 +538,40 @@ def _reset_layer_norms(tree, params, mapping: Mapping, report: ApplyReport):
 # Flax extraction and diagnostics live in ``extraction`` (re-exported here)
 from .diagnose import diagnose, input_pair  # noqa: E402
 from .extraction import graph_from_flax  # noqa: E402
+
+
+def _apply_columns(new, params, layer, lid: str, cols: Columns, names: tuple, key, report, covered: dict):
+    """``new`` with columns ``lo:hi`` of the mapped kernel (and its bias) initialized by ``layer``."""
+    import jax
+    import jax.numpy as jnp
+
+    from .initializers import bias_initializer_for, initializer_for
+
+    paths = _kernel_and_bias(params, lid, cols.path, names[0], names[1], report)
+    if paths is None:
+        return new
+    _, kpath, bpath = paths
+    shape, dtype = _shape_dtype(_get(params, kpath))
+    block = (*shape[:-1], cols.hi - cols.lo)
+    if cols.hi > shape[-1] or not _fans_agree(layer, lid, kpath, block, report):
+        return new
+    kkey, bkey = jax.random.split(key)
+    old = _get(new, kpath)
+    base = jnp.zeros(shape, dtype) if isinstance(old, jax.ShapeDtypeStruct) else jnp.asarray(old)
+    new = _set(new, kpath, base.at[..., cols.lo : cols.hi].set(initializer_for(layer)(kkey, block, dtype)))
+    covered[kpath] = lid
+    report.changed.append(
+        ParamChange(lid, kpath, "kernel", layer.distribution, float(layer.gain), block, jnp.dtype(dtype).name)
+    )
+    if bpath is not None:
+        bshape, bdtype = _shape_dtype(_get(params, bpath))
+        old = _get(new, bpath)
+        base = jnp.zeros(bshape, bdtype) if isinstance(old, jax.ShapeDtypeStruct) else jnp.asarray(old)
+        bias = bias_initializer_for(layer)(bkey, (cols.hi - cols.lo,), bdtype)
+        new = _set(new, bpath, base.at[cols.lo : cols.hi].set(bias))
+        gaussian = layer.bias == "gaussian" and layer.bias_variance > 0
+        scale = float(np.sqrt(layer.bias_variance)) if gaussian else 0.0
+        report.changed.append(
+            ParamChange(lid, bpath, "bias", "gaussian" if gaussian else "zeros", scale, (cols.hi - cols.lo,), "float32")
+        )
+    return new

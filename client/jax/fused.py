@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Columns", "FUSED_HINT", "fused_split", "drop_fused", "apply_columns"]
+__all__ = ["Columns", "FUSED_HINT", "fused_split", "drop_fused"]
 
 FUSED_HINT = (
     "a sequence model cuts the features of a Dense's output only into blocks for attention (a fused qkv Dense, "
@@ -86,41 +86,3 @@ def drop_fused(w) -> None:
         w.nodes = [n for n in w.nodes if n["id"] != gid]
         w.mapping.pop(gid, None)
         w.values.pop(gid, None)
-
-
-def apply_columns(new, params, layer, lid: str, cols: Columns, names: tuple, key, report, covered: dict):
-    """``new`` with columns ``lo:hi`` of the mapped kernel (and its bias) initialized by ``layer``."""
-    import jax
-    import jax.numpy as jnp
-
-    from . import ParamChange, _fans_agree, _get, _kernel_and_bias, _set, _shape_dtype
-    from .initializers import bias_initializer_for, initializer_for
-
-    paths = _kernel_and_bias(params, lid, cols.path, names[0], names[1], report)
-    if paths is None:
-        return new
-    _, kpath, bpath = paths
-    shape, dtype = _shape_dtype(_get(params, kpath))
-    block = (*shape[:-1], cols.hi - cols.lo)
-    if cols.hi > shape[-1] or not _fans_agree(layer, lid, kpath, block, report):
-        return new
-    kkey, bkey = jax.random.split(key)
-    old = _get(new, kpath)
-    base = jnp.zeros(shape, dtype) if isinstance(old, jax.ShapeDtypeStruct) else jnp.asarray(old)
-    new = _set(new, kpath, base.at[..., cols.lo : cols.hi].set(initializer_for(layer)(kkey, block, dtype)))
-    covered[kpath] = lid
-    report.changed.append(
-        ParamChange(lid, kpath, "kernel", layer.distribution, float(layer.gain), block, jnp.dtype(dtype).name)
-    )
-    if bpath is not None:
-        bshape, bdtype = _shape_dtype(_get(params, bpath))
-        old = _get(new, bpath)
-        base = jnp.zeros(bshape, bdtype) if isinstance(old, jax.ShapeDtypeStruct) else jnp.asarray(old)
-        bias = bias_initializer_for(layer)(bkey, (cols.hi - cols.lo,), bdtype)
-        new = _set(new, bpath, base.at[cols.lo : cols.hi].set(bias))
-        gaussian = layer.bias == "gaussian" and layer.bias_variance > 0
-        scale = float(np.sqrt(layer.bias_variance)) if gaussian else 0.0
-        report.changed.append(
-            ParamChange(lid, bpath, "bias", "gaussian" if gaussian else "zeros", scale, (cols.hi - cols.lo,), "float32")
-        )
-    return new

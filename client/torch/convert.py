@@ -19,9 +19,10 @@ common models break this:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 
 from torch import nn
+
+from .rewrite import ConvertReport
 
 __all__ = ["ConvertReport", "normalization_free"]
 
@@ -36,30 +37,6 @@ NORMALIZATION = (
     nn.InstanceNorm3d,
     nn.LocalResponseNorm,
 )
-
-
-@dataclass
-class ConvertReport:
-    """What ``normalization_free`` changed: the converted copy and every change, by module path."""
-
-    model: nn.Module
-    removed: list[str] = field(default_factory=list)  # normalization layers replaced by nn.Identity
-    rewritten: list[str] = field(default_factory=list)  # residual blocks made pre-activation
-    shortcuts_removed: list[str] = field(default_factory=list)  # blocks left without shortcuts (HuggingFace)
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        lines = [
-            f"removed {len(self.removed)} normalization layer(s)"
-            + (f": {', '.join(self.removed[:8])}" + (" ..." if len(self.removed) > 8 else "") if self.removed else "")
-        ]
-        if self.rewritten:
-            lines.append(
-                f"rewrote {len(self.rewritten)} residual block(s) to pre-activation: "
-                + ", ".join(self.rewritten[:8])
-                + (" ..." if len(self.rewritten) > 8 else "")
-            )
-        return "\n".join(lines + self.notes)
 
 
 class PreActBlock(nn.Module):

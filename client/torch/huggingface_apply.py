@@ -44,10 +44,9 @@ from ...schemas.attention_init import expand_attention
 from ...schemas.shapings import zero_query_shapings
 from ..solution import as_solution
 from .attention import ShapedAttention, _plain_mean
-from .convert import ConvertReport
 from .huggingface import HF_CLASSES, check_ids, read_huggingface
 from .modules import TransformedActivation
-from .rewrite import ActivationChange, ApplyReport, LayerChange, _reinit
+from .rewrite import ActivationChange, ApplyReport, ConvertReport, LayerChange, _reinit
 
 __all__ = ["apply_huggingface", "normalization_free_hf", "install", "load_pretrained", "forward_embeddings"]
 

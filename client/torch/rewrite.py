@@ -458,3 +458,27 @@ def _graph_mismatch(solved_nodes: dict, ext: Extraction) -> str | None:
         + ("; " if extra_ids and missing_ids else "")
         + (f"model nodes not in the graph: {', '.join(missing_ids[:10])}" if missing_ids else "")
     )
+
+
+@dataclass
+class ConvertReport:
+    """What ``normalization_free`` changed: the converted copy and every change, by module path."""
+
+    model: nn.Module
+    removed: list[str] = field(default_factory=list)  # normalization layers replaced by nn.Identity
+    rewritten: list[str] = field(default_factory=list)  # residual blocks made pre-activation
+    shortcuts_removed: list[str] = field(default_factory=list)  # blocks left without shortcuts (HuggingFace)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [
+            f"removed {len(self.removed)} normalization layer(s)"
+            + (f": {', '.join(self.removed[:8])}" + (" ..." if len(self.removed) > 8 else "") if self.removed else "")
+        ]
+        if self.rewritten:
+            lines.append(
+                f"rewrote {len(self.rewritten)} residual block(s) to pre-activation: "
+                + ", ".join(self.rewritten[:8])
+                + (" ..." if len(self.rewritten) > 8 else "")
+            )
+        return "\n".join(lines + self.notes)
