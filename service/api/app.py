@@ -27,7 +27,7 @@ from .coldpool import SolverPool
 from .deps import Offload, read_access, stored_read_access
 from .exposure import ClosedSurfacesMiddleware, closed_paths
 from .handlers import install_error_handlers
-from .http_guards import JsonBodiesMiddleware, NosniffMiddleware
+from .http_guards import JSON_METHODS, JsonBodiesMiddleware, NosniffMiddleware
 from .inline_lane import InlineLane
 from .observability import BodyLimitMiddleware, RequestContextMiddleware, configure_logging, forget_this_process
 from .openapi import install_openapi
@@ -153,7 +153,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SolveFastPath, state=state, enabled=not settings.keys_for_reads)
     app.add_middleware(ClosedSurfacesMiddleware, closed=closed_paths(settings))  # docs, dashboard, metrics
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
-    app.add_middleware(JsonBodiesMiddleware)  # 415 before anything reads the body, with the request's id
+    # 415 before anything reads the body, with the request's id; the other methods and paths get the
+    # router's 404/405 as before
+    json_paths = frozenset(r.path for router in V1_ROUTERS for r in router.routes if JSON_METHODS & r.methods)
+    app.add_middleware(JsonBodiesMiddleware, paths=json_paths)
     app.add_middleware(RequestContextMiddleware, logger=logger)
     app.add_middleware(NosniffMiddleware)  # outermost: nosniff on every answer
     return app

@@ -1,6 +1,6 @@
 """Two HTTP rules every API response follows, as pure ASGI middleware (no per-request task):
 
-- a request with a body to a JSON route (``POST``/``PUT``/``PATCH`` under ``/v1/``) must say
+- a request with a body to a JSON route (a ``POST`` route of the API) must say
   ``Content-Type: application/json``, else 415 ``unsupported_media_type`` before anything reads
   it. A browser sends ``text/plain``, form or multipart bodies across origins without asking (a
   "simple" request), but ``application/json`` only after a CORS preflight this service never
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 
-JSON_METHODS = frozenset({"POST", "PUT", "PATCH"})
-JSON_PREFIX = "/v1/"
+# POST is the only method the API takes a body with (and the only one a cross-origin page can send
+# without a preflight); a PUT or PATCH goes on to routing, which answers 405
+JSON_METHODS = frozenset({"POST"})
 NOSNIFF = (b"x-content-type-options", b"nosniff")
 
 
@@ -43,11 +44,12 @@ class JsonBodiesMiddleware:
     request context (``observability.RequestContextMiddleware``), so the answer carries the request id
     and is logged and counted like any other."""
 
-    def __init__(self, app):
+    def __init__(self, app, paths: frozenset[str]):
         self.app = app
+        self.paths = paths  # the routes that take a JSON body (POST /v1/solve, POST /v1/validations)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] in JSON_METHODS and scope["path"].startswith(JSON_PREFIX):
+        if scope["type"] == "http" and scope["method"] in JSON_METHODS and scope["path"] in self.paths:
             content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
             if not is_json(content_type):
                 body = _unsupported(content_type)

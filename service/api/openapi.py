@@ -19,6 +19,10 @@ from .openapi_docs import document_operations
 
 # the contract's error object, for the statuses any route may answer with
 ERRORS = {code: {"model": ErrorResponse} for code in (401, 403, 404, 413, 422, 503)}
+# routes that take a JSON body: any other Content-Type is refused before the body is read
+JSON_BODY = {
+    415: {"model": ErrorResponse, "description": "unsupported_media_type: the body is not sent as application/json"}
+}
 # routes that spend a client's budget (cold solves, validation submissions)
 LIMITED = {
     429: {

@@ -6,14 +6,17 @@ from fastapi import APIRouter, Request, Response
 
 from ...schemas.solve import Solution, SolveRequest
 from ..auth import client_identity
-from ..openapi import ERRORS, LIMITED, request_body
+from ..openapi import ERRORS, JSON_BODY, LIMITED, request_body
 from ..solve_fastpath import send_outcome
 
 router = APIRouter(prefix="/v1", tags=["solve"])
 
 
 @router.post(
-    "/solve", response_model=Solution, responses={**ERRORS, **LIMITED}, openapi_extra=request_body(SolveRequest)
+    "/solve",
+    response_model=Solution,
+    responses={**ERRORS, **JSON_BODY, **LIMITED},
+    openapi_extra=request_body(SolveRequest),
 )
 async def post_solve(request: Request):
     # The services come from app.state directly, not as dependencies (deps.py): on the hit path,

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from ...schemas.validation import ValidationJob, ValidationRequest, ValidationSummary
 from ..deps import Client, Run, ValidationsService, count_validation, require_key
-from ..openapi import ERRORS, LIMITED, request_body
+from ..openapi import ERRORS, JSON_BODY, LIMITED, request_body
 
 router = APIRouter(prefix="/v1/validations", tags=["validations"])
 ValidationId = Annotated[str, Path(max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -33,7 +33,7 @@ class ValidationList(BaseModel):
     "",
     status_code=202,
     response_model=Accepted,
-    responses={**ERRORS, **LIMITED},
+    responses={**ERRORS, **JSON_BODY, **LIMITED},
     dependencies=[Depends(require_key), Depends(count_validation)],
     openapi_extra=request_body(ValidationRequest),
 )
