@@ -41,7 +41,21 @@ from dataclasses import dataclass
 from ..schemas.activations import canonical_name
 from ..schemas.graph import Graph
 from ..schemas.kernels import atom_coefficients, concat_coefficients, sum_coefficients
-from ..schemas.ops import ACT, AFFINE, CONCAT, MAX_PAIR, NORM, OP_TABLE, PRODUCT, SOURCE, SUM, pair_max_c, row_at
+from ..schemas.ops import (
+    ACT,
+    AFFINE,
+    ATTENTION,
+    CONCAT,
+    MAX_PAIR,
+    NORM,
+    OP_TABLE,
+    PASS,
+    PRODUCT,
+    SOURCE,
+    SUM,
+    pair_max_c,
+    row_at,
+)
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 from ..schemas.structure import wire_structure
@@ -120,6 +134,19 @@ def _mix(parts: list[tuple[float, Prediction]]) -> Prediction:
 class _Predictor:
     """Walks the graph once, in the order its nodes are listed (inputs before the nodes reading them)."""
 
+    # the method that predicts each kind of node from its inputs' predictions; every other kind of the
+    # table passes its input's prediction on (PASSED), and a kind in neither is an error, not a guess
+    RULES = {
+        AFFINE: "affine",
+        ACT: "activation",
+        SUM: "sum",
+        CONCAT: "concat",
+        NORM: "norm",
+        PRODUCT: "product",
+        MAX_PAIR: "max_pair",
+    }
+    PASSED = frozenset({SOURCE, PASS, ATTENTION})
+
     def __init__(self, graph: dict, sol: Solution, unmodelled: set[str]):
         self.sol, self.unmodelled = sol, unmodelled
         self.layers = {layer.id: layer for layer in sol.layers}
@@ -129,8 +156,7 @@ class _Predictor:
         # sums an atom reaches through several paths mix over atoms, not inputs (schemas.atoms)
         self.shared = _shared_sums(graph) if sol.sum_scales else {}
         self.comps: dict[str, list[Prediction]] = {}  # node id -> its prediction per pair component
-        self.handlers = {AFFINE: self.affine, ACT: self.activation, SUM: self.sum, CONCAT: self.concat}
-        self.handlers |= {NORM: self.norm, PRODUCT: self.product, MAX_PAIR: self.max_pair}
+        self.handlers = {kind: getattr(self, name) for kind, name in self.RULES.items()}
 
     def row(self, nd: dict):
         """The node's row: a wire op with a ``features`` row resolves by its input's shape (``ops.row_at``)."""
@@ -141,8 +167,10 @@ class _Predictor:
         """Node ``nd``'s prediction from its inputs' (component ``k`` of a one-channel pair)."""
         if nd["id"] in self.unmodelled:
             return Prediction(None, None, "op outside the graph (treated as the identity)")
-        handler = self.handlers.get(self.row(nd).kind)
-        return ins[0] if handler is None else handler(nd, ins, k)
+        kind = self.row(nd).kind
+        if kind in self.PASSED:
+            return ins[0]
+        return self.handlers[kind](nd, ins, k)
 
     def component(self, nid: str, k: int) -> Prediction:
         comp = self.comps[nid]

@@ -162,3 +162,11 @@ def test_every_kind_of_the_table_has_a_handler_in_each_per_kind_dispatch(name):
     used = {row.kind for row in OP_TABLE.values()}
     assert used <= set(handlers), f"{name} lacks a handler for {sorted(used - set(handlers))}"
     assert set(handlers) <= set(KINDS)
+
+
+def test_the_client_prediction_rules_every_kind():
+    from sigprop.client.prediction import _Predictor
+
+    used = {row.kind for row in OP_TABLE.values()}
+    assert used <= set(_Predictor.RULES) | _Predictor.PASSED, sorted(used - set(_Predictor.RULES) - _Predictor.PASSED)
+    assert not set(_Predictor.RULES) & _Predictor.PASSED
