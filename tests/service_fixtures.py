@@ -310,11 +310,13 @@ class RedisServer:
         _stop_group(self.proc)
 
 
-def start_redis(workdir: Path, port: int | None = None, timeout_s: float = 10.0, persist: bool = False) -> RedisServer:
+def start_redis(
+    workdir: Path, port: int | None = None, timeout_s: float = 10.0, persist: bool = False, extra: tuple = ()
+) -> RedisServer:
     """A private ``redis-server`` on a spare loopback port that keeps nothing on disk, or with
     ``persist`` an append-only file in ``workdir`` synced on every write (as docker-compose runs
     it), so a server killed and started again on the same ``workdir`` and port has every
-    acknowledged write."""
+    acknowledged write. ``extra``: more of its options (later ones win: ``--appendonly yes``)."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed")
@@ -340,6 +342,7 @@ def start_redis(workdir: Path, port: int | None = None, timeout_s: float = 10.0,
                 "no",
                 "--logfile",
                 "",
+                *extra,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 from scipy.integrate import dblquad
 from scipy.special import ndtr
 
 from sigprop.engine.network.subnetworks import max_pair_value
-from sigprop.engine.sequence.solve import _activation_maps
-from sigprop.engine.sequence.token_program import TokenKernelProgram, TokenValue
 from sigprop.errors import SigpropError
 from sigprop.schemas import Graph
-from sigprop.schemas.attention_init import expand_attention
 from sigprop.schemas.ops import pair_max_c
 from sigprop.schemas.shapes import infer_shapes
 from sigprop.schemas.structure import wire_structure
 
-from ..mc_networks import estimate, forward, output_statistics, solve_request
-from .test_monte_carlo_new_ops import check_dense, tokens_at
+from ..mc_networks import output_statistics, solve_request
+from .test_monte_carlo_new_ops import check_dense, check_sequence
 
 C0S = (0.0, 0.5)
 
@@ -116,45 +112,7 @@ def run_sequence(width, nets, tokens=4, at=("b0.pool", "out")):
         "targets": {"eta": 0.6},
         "attention": {"shaping": "e-spa"},
     }
-    graph, ans = solve_request(body)
-    assert ans.assumptions.holds, ans.warnings
-    ids = {nd.user_id: nd.index for nd in graph.nodes}
-    mixers = {
-        lay.node: expand_attention(lay.generator, tokens, bool(graph.nodes[ids[lay.node]].attrs["causal"])).matrix()
-        for lay in ans.attention.layers
-    }
-    dense = {nd.index: (1.0, 0.0) for nd in graph.nodes if nd.kind == "affine"}
-    program = TokenKernelProgram(graph, {ids[k]: a for k, a in mixers.items()}, dense)
-    r = _activation_maps(graph, ans)
-    rng = np.random.default_rng(13)
-    rows = []
-    for cosine in C0S:
-        k0 = (1 - cosine) * np.eye(tokens) + cosine * np.ones((tokens, tokens))
-        want: dict[str, np.ndarray] = {}
-        out = program._walk(TokenValue(k0), r, lambda i, v: want.__setitem__(graph.nodes[i].user_id, v.kernel))
-        want["out"] = out.kernel
-        if cosine == 0.0:
-            assert np.allclose(ans.token_kernel.output, out.kernel, atol=1e-12)
-        samples: dict[str, list] = {a: [] for a in at}
-        for _ in range(nets):
-            x = tokens_at(cosine, tokens, width, rng)[None]
-            _, probe = forward(graph, ans, x, np.random.default_rng(int(rng.integers(2**63))), at, mixers=mixers)
-            for a in at:
-                h = probe.values[a][0]
-                samples[a].append(h @ h.T / h.shape[-1])
-        for a in at:
-            s = np.asarray(samples[a])
-            d = np.sqrt(np.einsum("nii->ni", s))
-            cos = s / (d[:, :, None] * d[:, None, :])
-            wd = np.sqrt(np.diag(want[a]))
-            wcos = want[a] / np.outer(wd, wd)
-            for i, j in ((0, 0), (tokens - 1, tokens - 1), (0, 1), (tokens - 2, tokens - 1), (0, tokens - 1)):
-                est = estimate(list(s[:, i, j] if i == j else cos[:, i, j]))
-                w = want[a][i, j] if i == j else wcos[i, j]
-                name = f"{a} c={cosine} {'q' if i == j else 'C'}[{i},{j}]"
-                rows.append((name, float(w), est.mean, est.se))
-                assert abs(est.mean - w) <= 3 * est.se + 0.01, (name, w, est)
-    return rows
+    return check_sequence(*solve_request(body), width, nets, tokens, at, seed=13)
 
 
 def test_sequence_max_pool_pairs_quick():

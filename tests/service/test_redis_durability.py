@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -27,7 +25,7 @@ from sigprop.settings import Settings
 from sigprop.storage.redis_config import UnsafeRedis
 
 from ..inprocess import readyz_when
-from ..service_fixtures import LOOPBACK, RedisServer, free_port
+from ..service_fixtures import start_redis
 
 KEY = "durability-test-key-7f3a9c"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -49,25 +47,8 @@ def _not_stored(answer: dict) -> list[str]:
 @contextmanager
 def private_redis(tmp_path: Path, *args: str):
     """A throwaway ``redis-server`` with ``args`` (nothing on disk unless they say so), stopped after."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    log_path = tmp_path / f"redis-{port}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"]
-            + ["--dir", str(tmp_path), "--enable-debug-command", "local", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = RedisServer(proc, port, tmp_path, log_path)
+    server = start_redis(tmp_path, extra=("--enable-debug-command", "local", *args))
     try:
-        deadline = time.monotonic() + 10
-        while not server.ping():
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
         yield server
     finally:
         server.stop()
