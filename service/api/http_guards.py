@@ -26,17 +26,22 @@ def is_json(content_type: bytes | None) -> bool:
     return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
-def _unsupported(content_type: bytes | None) -> bytes:
-    given = content_type.decode("latin-1")[:100] if content_type else "none"
-    return json.dumps(
+async def send_error(send, status: int, code: str, message: str, hint: str, headers: tuple = ()) -> None:
+    """The contract's error object as a whole ASGI response, for middleware that answers before any
+    route (413, 405, 415)."""
+    body = json.dumps({"error": {"code": code, "message": message, "hint": hint}}).encode()
+    await send(
         {
-            "error": {
-                "code": "unsupported_media_type",
-                "message": f"this endpoint takes a JSON body; the request's Content-Type is {given}",
-                "hint": "send the body with the header 'Content-Type: application/json'",
-            }
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
         }
-    ).encode()
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class JsonBodiesMiddleware:
@@ -52,18 +57,14 @@ class JsonBodiesMiddleware:
         if scope["type"] == "http" and scope["method"] in JSON_METHODS and scope["path"] in self.paths:
             content_type = next((v for k, v in scope["headers"] if k == b"content-type"), None)
             if not is_json(content_type):
-                body = _unsupported(content_type)
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 415,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
+                given = content_type.decode("latin-1")[:100] if content_type else "none"
+                return await send_error(
+                    send,
+                    415,
+                    "unsupported_media_type",
+                    f"this endpoint takes a JSON body; the request's Content-Type is {given}",
+                    "send the body with the header 'Content-Type: application/json'",
                 )
-                return await send({"type": "http.response.body", "body": body})
         return await self.app(scope, receive, send)
 
 

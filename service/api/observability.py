@@ -29,6 +29,8 @@ from prometheus_client import (
 )
 from starlette.requests import ClientDisconnect
 
+from .http_guards import send_error
+
 REQUESTS = Counter("sigprop_requests_total", "HTTP requests", ["route", "method", "status"])
 LATENCY = Histogram(
     "sigprop_request_seconds",
@@ -234,44 +236,22 @@ class _BodyTooLarge(Exception):
 
 
 async def _too_large(send, limit: int):
-    body = json.dumps(
-        {
-            "error": {
-                "code": "payload_too_large",
-                "message": f"the request body is over {limit} bytes",
-                "hint": "send a smaller graph, use a template, or raise SIGPROP_MAX_BODY_BYTES",
-            }
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
+    await send_error(
+        send,
+        413,
+        "payload_too_large",
+        f"the request body is over {limit} bytes",
+        "send a smaller graph, use a template, or raise SIGPROP_MAX_BODY_BYTES",
     )
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _unknown_method(send):
-    body = json.dumps(
-        {
-            "error": {
-                "code": "method_not_allowed",
-                "message": "this service does not know that HTTP method",
-                "hint": f"use one of {', '.join(sorted(HTTP_METHODS))}",
-            }
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 405,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"allow", ", ".join(sorted(HTTP_METHODS)).encode()),
-            ],
-        }
+    allowed = ", ".join(sorted(HTTP_METHODS))
+    await send_error(
+        send,
+        405,
+        "method_not_allowed",
+        "this service does not know that HTTP method",
+        f"use one of {allowed}",
+        headers=((b"allow", allowed.encode()),),
     )
-    await send({"type": "http.response.body", "body": body})
