@@ -8,6 +8,7 @@ chromedriver is not installed (`.ci/run` installs both from Debian).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sigprop.api.auth import tenant_of
+from sigprop.api.validations import OWNER
 from sigprop.storage import SqliteSolutionCache, SqliteValidationStore
 
 from ..dashboard_fixtures import CHROMEDRIVER, CHROMIUM, EVIL, EVIL_KEY, evil_record, headless_chromium
@@ -81,7 +84,8 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(service):
-    with httpx.Client(base_url=service.base_url, timeout=60.0) as c:
+    # the key that submits this test's validations, and reads stored records back (issue 35)
+    with httpx.Client(base_url=service.base_url, timeout=60.0, headers={"Authorization": f"Bearer {API_KEY}"}) as c:
         yield c
 
 
@@ -106,6 +110,10 @@ def keys(service, api):
 def driver():
     drv = headless_chromium(console_log=True)
     drv.set_page_load_timeout(30)
+    # with API keys configured the dashboard shows stored records to a key only (issue 35): the
+    # browser sends this test's key with every request, as a signed-in user's browser would
+    drv.execute_cdp_cmd("Network.enable", {})
+    drv.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Bearer {API_KEY}"}})
     yield drv
     drv.quit()
 
@@ -117,6 +125,12 @@ def fresh_console(driver):
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def owned(request: dict) -> dict:
+    """A planted validation's request as the API stores it: owned by this test's key (issue 35), so
+    the browser, signed in with it, sees the record."""
+    return {**request, OWNER: tenant_of(hashlib.sha256(API_KEY.encode()).hexdigest())}
 
 
 def wait_for(driver, condition, what: str, timeout_s: float = WAIT_S):
@@ -310,7 +324,7 @@ def test_validation_page_live_progress(service, keys, driver, api):
         store.create(
             vid,
             keys["tat_lrelu"],
-            {"key": keys["tat_lrelu"], "dataset": "digits", "steps": 100, "batch_size": 32, "baselines": []},
+            owned({"key": keys["tat_lrelu"], "dataset": "digits", "steps": 100, "batch_size": 32, "baselines": []}),
             time.time(),
         )
         assert store.start(vid, "cpu") == 1
@@ -376,7 +390,9 @@ def test_charlm_validation_page_draws_the_arms_loss_curves(service, keys, driver
     vid = "charlm" + "0" * 26
     try:
         request = {"key": keys["tat_lrelu"], "task": "charlm", "dataset": "stdlib", "steps": 40, "batch_size": 4}
-        store.create(vid, keys["tat_lrelu"], {**request, "arms": ["solved", "shortcuts", "standard"]}, time.time())
+        store.create(
+            vid, keys["tat_lrelu"], owned({**request, "arms": ["solved", "shortcuts", "standard"]}), time.time()
+        )
         assert store.start(vid, "cpu") == 1
         assert store.finish(vid, _charlm_results())
         driver.get(f"{service.base_url}/dashboard/validations/{vid}")
