@@ -45,7 +45,7 @@ def test_a_flax_gated_mlp_with_rms_norm_is_read_applied_and_diagnosed():
     assert nodes["rmsnorm_0"]["op"] == "rms_norm" and mapping["rmsnorm_0"] == ("RMSNorm_0",)
     assert nodes["mul"] == {"id": "mul", "op": "mul", "inputs": ["swish_act", "dense_4"]}
     sol = solve_graph(graph, "eoc", "tanh", {})
-    assert sol.assumptions.holds and not sol.warnings, sol.warnings
+    assert sol.assumptions.holds and all("an rms_norm or a mul reads" in w for w in sol.warnings), sol.warnings
     params, report = sjax.apply_to_params(variables, sol, mapping, jax.random.PRNGKey(2))
     assert float(jnp.max(jnp.abs(params["params"]["RMSNorm_0"]["scale"] - 1.0))) == 0.0, str(report)
     t = sjax.transformed_activation(sol)

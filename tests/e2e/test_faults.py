@@ -143,6 +143,7 @@ def stack(tmp_path):
         state["redis"].stop()
 
 
+@pytest.mark.slow  # a timed burst (66 s on a busy 2-core machine); outages are in tests/service/test_*redis*.py
 def test_redis_killed_and_restarted_during_a_burst(stack):
     svc = stack["svc"]
     api = svc.client(headers=AUTH)

@@ -262,12 +262,13 @@ def _eoc(m: MethodInput) -> Solution:
     }
     keys = ("sigma_w2", "sigma_b2", "chi_1", "v_slope", "v_curvature")
     head = {} if top is None else {k: getattr(sols[top], k) for k in keys}
-    for k in sorted(plan.no_bias):
-        notes.append(
-            f"a layer without bias reads '{acts[k].name}': Edge of Chaos needs sigma_b^2 = {sols[k].sigma_b2:.4g} "
-            f"for V(q*) = q*, so every layer reading '{acts[k].name}' is q-preserving instead (sigma_w^2 = q* / "
-            "E[phi^2], no bias; chi_1 is not 1 there)"
-        )
+    for k in sorted(plan.own):
+        name, b2 = acts[k].name, sols[k].sigma_b2
+        why = f"an rms_norm or a mul reads '{name}' (its map needs phi's own C map)"
+        if k in plan.no_bias:
+            why = f"a layer without bias reads '{name}': Edge of Chaos needs sigma_b^2 = {b2:.4g} for V(q*) = q*"
+        q_preserving = "q-preserving instead (sigma_w^2 = q* / E[phi^2], no bias; chi_1 is not 1 there)"
+        notes.append(f"{why}, so every layer reading '{name}' is {q_preserving}")
     fps = eoc_network.fixed_points(acts[shown], sols[shown]) if top is not None else None
     for act, sol in zip(acts, sols, strict=True):
         notes += eoc_network.unstable_note(act, sol, program.depth, eoc_network.fixed_points(act, sol))
