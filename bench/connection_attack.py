@@ -37,7 +37,7 @@ HIT_BODY = {
     "graph": {"template": "mlp", "depth": 10, "width": 64},
     "method": "tat",
     "activation": "leaky_relu",
-    "targets": {"eta": 0.9},
+    "targets": {"eta": 0.5},
 }
 
 
