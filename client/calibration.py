@@ -40,7 +40,20 @@ from dataclasses import dataclass, field
 
 from ..schemas.graph import Graph
 from ..schemas.kernels import concat_coefficients, sum_coefficients
-from ..schemas.ops import ACT, AFFINE, CONCAT, NORM, OP_TABLE, PASS, PRODUCT, SOURCE, SUM, canonical_attrs
+from ..schemas.ops import (
+    ACT,
+    AFFINE,
+    CONCAT,
+    EXACT,
+    NORM,
+    OP_TABLE,
+    PASS,
+    PRODUCT,
+    SOURCE,
+    SUM,
+    canonical_attrs,
+    row_at,
+)
 from ..schemas.shapes import infer_shapes
 from ..schemas.solve import Solution
 
@@ -106,9 +119,10 @@ def answer_uncovered(sol: Solution) -> list[str]:
 
 
 def _pooled(wire, in_shape) -> str:
-    """Why a pool is measured (its row's ``pool`` over more than one location: ``window``), else ""."""
-    row = OP_TABLE[wire.op]
-    if not row.pool or row.window(canonical_attrs(wire, len(wire.inputs)), tuple(in_shape)) <= 1:
+    """Why a pool is measured (its row's coverage: ``calibrated`` over more than one location; a pair
+    of features, ``max_pool_pairs``, is exact), else ""."""
+    row = row_at(wire.op, [tuple(in_shape)])
+    if not row.pool or row.coverage(canonical_attrs(wire, len(wire.inputs)), tuple(in_shape)).verdict == EXACT:
         return ""
     return ("global " if row.to_features else "") + _POOLING.get(row.pool, f"{row.pool} pooling")
 

@@ -78,7 +78,6 @@ __all__ = [
     "pair_max_c",
     "row_at",
     "rule",
-    "window",
 ]
 
 SOURCE, PASS, AFFINE, ACT, SUM, CONCAT = "source", "pass", "affine", "act", "sum", "concat"
@@ -398,11 +397,6 @@ def ops_of_kind(*kinds: str) -> frozenset[str]:
 def canonical_attrs(nd, n: int) -> dict:
     """A wire node's canonical attributes, given its number of inputs."""
     return OP_TABLE[nd.op].attrs(nd, n)
-
-
-def window(op: str, attrs: Mapping, in_shape: tuple) -> int:
-    """Entries of its input each output entry of an ``op`` node reads (``OpRule.window``)."""
-    return OP_TABLE[op].window(attrs, in_shape)
 
 
 def kind_of(op: object) -> str | None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import SigpropError
 from ..schemas.graph import Template
-from ..schemas.ops import MAX_PAIR, OP_TABLE, PASS, SUM
+from ..schemas.ops import EXACT, MAX_PAIR, OP_TABLE, PASS, SUM
 from ..schemas.solve import AssumptionReport, ResidualBeta, Solution, SolveRequest, TrainableAnswer
 from ..schemas.structure import SUBNETWORK_CONVENTION, check_structure, structure_report
 from ..version import ENGINE_VERSION
@@ -192,8 +192,8 @@ def solve_canonical(prep: Prepared) -> Solution:
 
 
 def pooled_locations(graph: NetworkGraph) -> list[int]:
-    """Pooling nodes that mix more than one location: the window their row reads (``OpRule.window``)
-    is above one entry, e.g. avg_pool / max_pool with a window above 1 x 1, global_avg_pool of a map
+    """Pooling nodes that mix more than one location (their row's coverage is not exact: the window it
+    reads is above one entry), e.g. avg_pool / max_pool with a window above 1 x 1, global_avg_pool of a map
     larger than 1 x 1; and pairs of features (``max_pool_pairs``) read from a flattened map of more
     than one location, whose neighbouring entries are neighbouring locations of one channel: correlated
     by the input, where the pair's closed form needs independent entries."""
@@ -201,7 +201,7 @@ def pooled_locations(graph: NetworkGraph) -> list[int]:
     out = []
     for nd in nodes:
         row = OP_TABLE[nd.op]
-        if row.pool and row.window(nd.attrs, nodes[nd.inputs[0]].shape) > 1:
+        if row.pool and row.coverage(nd.attrs, nodes[nd.inputs[0]].shape).verdict != EXACT:
             out.append(nd.index)
         elif row.kind == MAX_PAIR and _reads_flattened_locations(nodes, nd.inputs[0]):
             out.append(nd.index)

@@ -231,3 +231,30 @@ def test_nodes_the_answer_names_are_measured_post_activation_resnet18():
             assert {c.where for c in report.calibrations} == {"reads", "multiplier"}, report.summary()
     print(f"\nq read by fc: answer alone {q[False]:.3f}, calibrated {q[True]:.3f}")
     assert q[False] > 3.0 and q[True] == pytest.approx(1.0, abs=0.3)
+
+
+def test_a_max_pool_of_feature_pairs_is_predicted_not_measured():
+    """On [features] a max_pool of two is the exact pair row (``max_pool_pairs``): calibration leaves
+    it to the answer, as the engine does; on a map of several locations it is measured."""
+    pairs = {
+        "schema": "sigprop.graph/v1",
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [16]},
+            {"id": "d", "op": "dense", "inputs": ["x"], "units": 16},
+            {"id": "m", "op": "max_pool", "inputs": ["d"]},
+            {"id": "y", "op": "dense", "inputs": ["m"], "units": 4},
+            {"id": "out", "op": "output", "inputs": ["y"]},
+        ],
+    }
+    assert "m" not in measured_nodes(pairs)
+    maps = {
+        "schema": "sigprop.graph/v1",
+        "nodes": [
+            {"id": "x", "op": "input", "shape": [3, 8, 8]},
+            {"id": "c", "op": "conv", "inputs": ["x"], "channels": 4},
+            {"id": "m", "op": "max_pool", "inputs": ["c"]},
+            {"id": "f", "op": "flatten", "inputs": ["m"]},
+            {"id": "out", "op": "output", "inputs": ["f"]},
+        ],
+    }
+    assert "m" in measured_nodes(maps)
