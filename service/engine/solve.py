@@ -29,6 +29,7 @@ from .graph.build import NetworkGraph, Node, build_graph
 from .limits import Limits
 from .methods.registry import METHOD_TARGETS, METHODS, MethodInput, check_targets
 from .network.program import compile_program
+from .network.q_map import answer_q_slopes, unstable_q_warnings
 from .sequence.graph import SequenceView, check_sequence_request, is_sequence_graph, scalar_view
 from .sequence.solve import complete_sequence_answer
 from .templates.builder import TemplateSize
@@ -183,6 +184,9 @@ def solve_canonical(prep: Prepared) -> Solution:
             answer.sum_scales = {graph.nodes[v].user_id: float(s) for v, s in sorted(report.sum_scales.items())}
         if answer.c_map is not None:
             answer.c_map.scope = "location" if report.convolutional else "example"
+        local_q = answer_q_slopes(full, answer)
+        if local_q is not None:  # on the full graph: the sequence view has its norms as identities
+            answer.warnings += unstable_q_warnings(full, local_q)
     if view is not None:
         complete_sequence_answer(answer, full, view, request)
     if request.trainable is not None:

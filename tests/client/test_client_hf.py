@@ -96,7 +96,12 @@ def test_other_models_do_not_import_transformers():
 
 
 def _solve(graph, act, shaping="e-spa"):
-    return sigprop.solve(graph, "dks", act, {"zeta": 1.5}, attention={"shaping": shaping})
+    # a gated MLP has C'(1) >= 2 (a mul adds its factors' slopes), so DKS's maximal slope over
+    # subnetworks is 2 with a linear activation; without norms each of the 2 blocks doubles it again
+    ops_ = ops(graph)
+    # (swish reaches a per-layer C'(1) up to about 1.3 * 2, so 15 % above that floor)
+    zeta = 1.5 if "mul" not in ops_ else 1.15 * (2 if "rms_norm" in ops_ else 2 ** ops_.count("mul"))
+    return sigprop.solve(graph, "dks", act, {"zeta": zeta}, attention={"shaping": shaping})
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -135,6 +140,33 @@ def test_both_recipes_apply_generate_reload_and_diagnose(family, recipe, tmp_pat
     with torch.no_grad():
         assert torch.allclose(back(x).logits, logits, atol=1e-5)
     assert diagnose(back, sol, x).ok
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("recipe", ["keep", "normalization_free"])
+def test_bare_models_apply_diagnose_and_reload(family, recipe, tmp_path):
+    make, act = MAKE[family]
+    bare = {"gpt2": transformers.GPT2Model, "llama": transformers.LlamaModel}[family](make().config).eval()
+    if recipe == "normalization_free":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Llama's gated MLPs: test_normalization_free_warns_for_gated_mlps
+            bare = normalization_free(bare).model
+    x = ids()
+    graph = graph_from_module(bare, x)
+    assert graph["nodes"][-2]["op"] == ("layer_norm" if family == "gpt2" else "rms_norm") or recipe != "keep"
+    sol = _solve(graph, act)
+    rep = apply(bare, sol, example_input=x, seed=0)
+    net = rep.model.eval()
+    assert type(net) is type(bare) and rep.complete, rep.summary()
+    with torch.no_grad():
+        hidden = net(x).last_hidden_state
+    assert hidden.shape == (2, T, 64) and torch.isfinite(hidden).all()
+    assert diagnose(net, sol, x).ok
+    net.save_pretrained(tmp_path)
+    back = load_pretrained(str(tmp_path))
+    assert type(back) is type(bare)
+    with torch.no_grad():
+        assert torch.allclose(back(x).last_hidden_state, hidden, atol=1e-5)
 
 
 def test_the_tied_gpt2_head_is_untied_and_stock_from_pretrained_gives_the_stock_architecture(tmp_path):
@@ -211,6 +243,12 @@ def test_normalization_free_warns_for_gated_mlps():
     with pytest.warns(UserWarning, match=match):
         conv = normalization_free(llama())
     assert any("gated MLP" in n for n in conv.notes)
+    graph = graph_from_module(conv.model, ids())
+    # the answer says so too: C'(1) >= 2 per gated block refuses zeta 1.5, and q = 1 is unstable
+    with pytest.raises(SigpropError, match=r"below this network's C'_f\(1\) with a linear activation, 4:"):
+        sigprop.solve(graph, "dks", "swish", {"zeta": 1.5}, attention={"shaping": "e-spa"})
+    sol = _solve(graph, "swish")
+    assert any("Q_f'(1) reaches 4 at 'model.layers.1.mlp.mul'" in w for w in sol.warnings), sol.warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not any("gated MLP" in n for n in normalization_free(gpt2()).notes)

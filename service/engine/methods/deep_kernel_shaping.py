@@ -51,14 +51,24 @@ def local_slope_target(program: NetworkProgram, zeta: float) -> float:
             f"no per-layer slope reaches a maximal C'_f(1) of {zeta}",
             "use a smaller zeta, or check that the graph's nonlinear layers reach the output",
         )
-    # mu_f^1(1) = 1 < zeta; from zeta^(1/depth), exact for a chain, Newton needs a few passes
+    # mu_f^1(1) = 1 < zeta, except where products raise it: a mul has C'(1) = C_u'(1) + C_v'(1), 2 for
+    # two factors of slope 1, so a linear activation already gives 2 per gated block on a path
+    at_lo = max_slope(program, 1.0) if program.has_products else 1.0
+    if at_lo >= zeta:
+        raise SigpropError(
+            "unreachable_target",
+            f"zeta = {zeta} is below this network's C'_f(1) with a linear activation, {at_lo:.6g}: each mul "
+            "node adds its factors' slopes (C'(1) = C_u'(1) + C_v'(1), 2 for a gate times a linear stream)",
+            f"ask for zeta above {at_lo:.6g}, or put a norm and a shortcut around each gated block",
+        )
+    # from zeta^(1/depth), exact for a chain, Newton needs a few passes
     start = min(zeta ** (1.0 / max(program.depth, 1)), hi)
 
     def residual(x: float) -> tuple[float, float]:
         value, slope = program.max_slope_and_derivative(x)
         return value - zeta, slope
 
-    return newton_bracketed(residual, 1.0, hi, start, f_lo=1.0 - zeta)
+    return newton_bracketed(residual, 1.0, hi, start, f_lo=at_lo - zeta)
 
 
 @dataclass(frozen=True)
