@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 FLAG_SIGMAS = 3.0
+FLOAT32_RESOLUTION = 1e-6  # float32's relative rounding (2^-23 = 1.2e-7) with headroom for a few products
 SLACK = 0.02  # absolute tolerance added to the flag threshold: float32 rounding and a few networks' SE
 # Student's t quantiles at the normal's 3-sigma level (two-sided 0.27 %) for 1..30 degrees of
 # freedom (scipy.stats.t.ppf(norm.cdf(3), dof)): with n networks the standard error is itself
@@ -132,8 +133,10 @@ class TokenKernelDiagnosis:
 
     @property
     def max_sigmas(self) -> float:
-        """The largest |error| / noise over the entries."""
-        return float((np.abs(self.error) / np.maximum(self.noise, 1e-12)).max())
+        """The largest |error| / noise over the entries. Noise is floored at float32's resolution: an
+        entry a norm fixes (the diagonal after a final layer or RMS norm) has no noise over networks,
+        and its float32 rounding is no error in noise units."""
+        return float((np.abs(self.error) / np.maximum(self.noise, FLOAT32_RESOLUTION)).max())
 
     @property
     def threshold(self) -> float:
