@@ -247,7 +247,20 @@ def _solve_pair(method: str, name: str, arch: tuple):
     return sigprop_solution("dks", name, "zeta", ZETA, arch), dks_params("DKS", name, ZETA, arch)
 
 
-@pytest.mark.parametrize("method,name,arch", SMOOTH_CASES, ids=[_case_id(c) for c in SMOOTH_CASES])
+# dks's own solve of TAT tanh on the ResNet-50 takes 20 s (its quadrature), 10x any other case here
+_SLOW_REFERENCE = {("tat", "tanh", "resnet50-w0.8")}
+
+
+def _reference_cases():
+    return [
+        pytest.param(
+            *c, id=_case_id(c), marks=pytest.mark.slow if (c[0], c[1], arch_id(c[2])) in _SLOW_REFERENCE else ()
+        )
+        for c in SMOOTH_CASES
+    ]
+
+
+@pytest.mark.parametrize("method,name,arch", _reference_cases())
 def test_smooth_matches_dks(method, name, arch):
     sol, ref = _solve_pair(method, name, arch)
     ours = {k: getattr(sol, k) for k in PARAMS}
@@ -262,7 +275,8 @@ def test_smooth_matches_dks(method, name, arch):
 
 @pytest.mark.parametrize("method,name,arch", SMOOTH_CASES, ids=[_case_id(c) for c in SMOOTH_CASES])
 def test_smooth_conditions_hold_independently(method, name, arch):
-    sol, _ = _solve_pair(method, name, arch)
+    target_name, target = ("tau", TAU) if method == "tat" else ("zeta", ZETA)
+    sol = sigprop_solution(method, name, target_name, target, arch)
     check_conditions(method, name, arch, sol)
 
 
