@@ -86,7 +86,9 @@ def test_torchvision_resnet_end_to_end_matches_the_answer_layer_by_layer(build, 
     for seed in range(networks):
         # pooling is the identity on these inputs: no calibration on a batch whose locations differ
         net = apply(converted.model, sol, graph=graph, example_input=x[:2], seed=seed, calibrate=False).model
-        runs.append(diagnose(net, sol, x, input_c=0.0, same_locations=True, seed=seed))
+        # one input pair for every network (diagnose's seed 0): the networks are what varies, and the
+        # noise each row states is then computed once (diagnosis.stated_noise keeps it)
+        runs.append(diagnose(net, sol, x, input_c=0.0, same_locations=True))
     diag = _averaged(runs)
     print(f"\n{build.__name__}:\n{diag}")
 

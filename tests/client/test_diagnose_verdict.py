@@ -215,3 +215,23 @@ def test_the_stated_noise_is_the_spread_over_networks(kind, width):
     assert len(checked) >= 10
     off = [r for r in checked if not 1 / 2.2 <= r[4] <= 2.2]
     assert not off, off
+
+
+def test_the_stated_noise_is_kept_for_the_same_graph_answer_inputs_and_activation():
+    from sigprop.client import diagnosis
+
+    model = _mlp(64, 3)
+    x = torch.randn(16, 128)
+    graph = graph_from_module(model, x)
+    sol = sigprop.solve(graph, "tat", "leaky_relu", {"eta": 0.5})
+    x1, x2 = np.random.default_rng(0).standard_normal((2, 8, 128))
+    first = stated_noise(graph, sol, x1, x2, None)
+    key = diagnosis._noise_key(graph, sol, x1, x2, None)
+    assert key in diagnosis._NOISE_CACHE
+    again = stated_noise(graph, sol, x1, x2, None)
+    assert again == first and again is not diagnosis._NOISE_CACHE[key]  # a copy: callers may change theirs
+    # anything it depends on gives another key: the inputs, the activation, the answer
+    assert diagnosis._noise_key(graph, sol, x1, x2 * 1.01, None) != key
+    assert diagnosis._noise_key(graph, sol, x1, x2, np.tanh) != key
+    other = sigprop.solve(graph, "tat", "leaky_relu", {"eta": 0.4})
+    assert diagnosis._noise_key(graph, other, x1, x2, None) != key
