@@ -146,11 +146,13 @@ def test_the_worker_builds_a_module_for_every_op():
 
 def _kind_dispatches() -> dict[str, dict]:
     from sigprop.engine.network.eoc_network import NODE_KIND_RULES
+    from sigprop.engine.network.q_map import Q_SLOPE_RULES
     from sigprop.engine.network.subnetworks import STEP_RULES
     from sigprop.engine.sequence.token_program import TOKEN_RULES
 
     return {
         "engine.network.eoc_network.NODE_KIND_RULES": NODE_KIND_RULES,
+        "engine.network.q_map.Q_SLOPE_RULES": Q_SLOPE_RULES,
         "engine.network.subnetworks.STEP_RULES": STEP_RULES,
         "engine.sequence.token_program.TOKEN_RULES": TOKEN_RULES,
     }
