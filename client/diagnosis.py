@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
 
@@ -221,6 +222,7 @@ def _row(nd: dict):
 # three quarters of a ResNet-18's diagnose (1.8 of 2.5 s)
 _NOISE_CACHE: OrderedDict[str, dict] = OrderedDict()
 _NOISE_CACHE_SIZE = 8
+_NOISE_LOCK = threading.Lock()
 _PHI_PROBE = np.linspace(-3.0, 3.0, 13)
 
 
@@ -251,13 +253,16 @@ def stated_noise(graph: dict, sol: Solution, x1, x2, phi) -> dict[str, tuple[flo
     if not hasattr(sol, "model_dump_json"):  # a duck-typed answer (tests): no stable key, no cache
         return _stated_noise(graph, sol, x1, x2, phi)
     key = _noise_key(graph, sol, x1, x2, phi)
-    if key in _NOISE_CACHE:
-        _NOISE_CACHE.move_to_end(key)
-        return dict(_NOISE_CACHE[key])
+    with _NOISE_LOCK:  # diagnose may run on several threads of one process
+        kept = _NOISE_CACHE.get(key)
+        if kept is not None:
+            _NOISE_CACHE.move_to_end(key)
+            return dict(kept)
     out = _stated_noise(graph, sol, x1, x2, phi)
-    _NOISE_CACHE[key] = dict(out)
-    while len(_NOISE_CACHE) > _NOISE_CACHE_SIZE:
-        _NOISE_CACHE.popitem(last=False)
+    with _NOISE_LOCK:
+        _NOISE_CACHE[key] = dict(out)
+        while len(_NOISE_CACHE) > _NOISE_CACHE_SIZE:
+            _NOISE_CACHE.popitem(last=False)
     return out
 
 

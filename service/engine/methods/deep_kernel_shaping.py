@@ -59,7 +59,8 @@ def local_slope_target(program: NetworkProgram, zeta: float) -> float:
             "unreachable_target",
             f"zeta = {zeta} is below this network's C'_f(1) with a linear activation, {at_lo:.6g}: each mul "
             "node adds its factors' slopes (C'(1) = C_u'(1) + C_v'(1), 2 for a gate times a linear stream)",
-            f"ask for zeta above {at_lo:.6g}, or put a norm and a shortcut around each gated block",
+            f"ask for zeta above {at_lo:.6g} (about 15 % above leaves the activation room to reach it); "
+            "norms and shortcuts lower the floor only to 2, the gated block's own",
         )
     # from zeta^(1/depth), exact for a chain, Newton needs a few passes
     start = min(zeta ** (1.0 / max(program.depth, 1)), hi)
