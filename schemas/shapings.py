@@ -23,11 +23,16 @@ __all__ = [
     "SHAPINGS",
     "SHAPING_TABLE",
     "ShapingName",
+    "ScheduleName",
     "Shaping",
     "zero_query_shapings",
 ]
 
 ShapingName = Literal["e-spa", "u-spa", "value-skipinit", "shaped"]
+# how a Cholesky-ratio shaping's targets are scheduled: "paper" moves the kernel by attention alone
+# (arXiv:2302.10322 section 3); "joint" chooses the attention targets with the MLP blocks' C maps so
+# that the output kernel is the requested one (``engine.sequence.joint_schedule``, issue 37)
+ScheduleName = Literal["joint", "paper"]
 
 # the default of a public re-implementation of arXiv:2302.10322
 DEFAULT_FINAL_GAMMA = 0.005
@@ -44,19 +49,35 @@ class Shaping:
     # whether the attention's query starts at zero (so softmax is the mask's uniform average at
     # initialization and the schedule's matrices are exactly the ones the engine solved for)
     zero_query: bool
+    # the schedules it offers, the default first (empty: the attention is the identity at init)
+    schedules: tuple[str, ...] = ()
+    # why a schedule it does not offer is missing (shown in the 422)
+    missing_schedule: str = ""
 
+    @property
+    def default_schedule(self) -> str | None:
+        return self.schedules[0] if self.schedules else None
+
+
+_ESPA_NO_JOINT = (
+    "e-spa has no joint schedule: the MLP blocks' C maps give every pair of tokens a floor C(0) > 0, and "
+    "exp(-gamma |i - j|) has none; with a floor in the family, the Cholesky ratios need negative weights "
+    "(down to -2.4 % at T = 64, 12 blocks, eta 0.8), which no softmax gives. Use u-spa, whose uniform kernels "
+    "the MLP blocks keep uniform, for the joint schedule"
+)
 
 SHAPING_TABLE: dict[str, Shaping] = {
     s.name: s
     for s in (
-        Shaping("e-spa", ("final_gamma",), zero_query=True),
-        Shaping("u-spa", ("final_rho",), zero_query=True),
+        Shaping("e-spa", ("final_gamma",), zero_query=True, schedules=("paper",), missing_schedule=_ESPA_NO_JOINT),
+        Shaping("u-spa", ("final_rho",), zero_query=True, schedules=("joint", "paper")),
         Shaping("value-skipinit", (), zero_query=True),
         Shaping("shaped", ("temperature",), zero_query=False),
     )
 }
 SHAPINGS: tuple[str, ...] = tuple(SHAPING_TABLE)
 assert SHAPINGS == get_args(ShapingName)
+assert all(set(s.schedules) <= set(get_args(ScheduleName)) for s in SHAPING_TABLE.values())
 
 
 def zero_query_shapings() -> tuple[str, ...]:

@@ -13,7 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from .activations import ActivationName, canonical_name
 from .graph import Graph, Template
-from .shapings import DEFAULT_FINAL_GAMMA, DEFAULT_FINAL_RHO, DEFAULT_TEMPERATURE, SHAPING_TABLE, ShapingName
+from .shapings import (
+    DEFAULT_FINAL_GAMMA,
+    DEFAULT_FINAL_RHO,
+    DEFAULT_TEMPERATURE,
+    SHAPING_TABLE,
+    ScheduleName,
+    ShapingName,
+)
 
 SOLUTION_SCHEMA = "sigprop.solution/v1"
 
@@ -112,6 +119,12 @@ class AttentionRequest(BaseModel):
     temperature: Annotated[StrictFloat, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = Field(
         default=None, description="shaped: tau_0 in tau = tau_0 sqrt(d_model d_head) (default 1)"
     )
+    schedule: ScheduleName | None = Field(
+        default=None,
+        description="u-spa: 'joint' (the default) chooses each attention's target with the MLP blocks' C maps so "
+        "that the output kernel is the requested one, q = 1 at every block boundary; 'paper' moves the kernel by "
+        "attention alone (He et al. section 3). e-spa: 'paper' only (the default)",
+    )
 
     @model_validator(mode="after")
     def _keys_of_the_shaping(self):
@@ -123,7 +136,19 @@ class AttentionRequest(BaseModel):
                 f"shaping {self.shaping!r} does not take {', '.join(extra)} "
                 f"(it takes {', '.join(allowed) or 'nothing'})"
             )
+        shaping = SHAPING_TABLE[self.shaping]
+        if self.schedule is not None and self.schedule not in shaping.schedules:
+            if not shaping.schedules:
+                raise ValueError(f"shaping {self.shaping!r} takes no schedule (its attention is the identity at init)")
+            raise ValueError(
+                f"shaping {self.shaping!r} has no {self.schedule!r} schedule"
+                + (f": {shaping.missing_schedule}" if shaping.missing_schedule else "")
+            )
         return self
+
+    def schedule_name(self) -> str | None:
+        """The schedule solved for: the request's, or the shaping's default (None: no schedule)."""
+        return self.schedule or SHAPING_TABLE[self.shaping].default_schedule
 
     def parameters(self) -> dict[str, float]:
         """The shaping's parameters with their defaults: what the answer is solved for (and keyed on)."""
@@ -403,6 +428,11 @@ class AttentionLayer(BaseModel):
 class AttentionAnswer(BaseModel):
     shaping: str
     parameters: dict[str, float] = Field(default_factory=dict, description="the shaping's parameters, defaults filled")
+    schedule: str | None = Field(
+        default=None,
+        description="the schedule the generators follow: 'joint' (u-spa's default) or 'paper'; null for the "
+        "identity shapings",
+    )
     layers: list[AttentionLayer]
 
 
@@ -410,6 +440,11 @@ class ScheduleEntry(BaseModel):
     node: str
     gamma: float | None = Field(default=None, description="e-spa: gamma_l of this layer's target kernel")
     rho: float | None = Field(default=None, description="u-spa: rho_l of this layer's target kernel")
+    block_rho: float | None = Field(
+        default=None,
+        description="u-spa joint schedule: the correlation after the block, at the next attention's value input "
+        "(the output for the last): rho_l mapped by the MLP block's C map",
+    )
     diagonal: float | None = Field(
         default=None, description="e-spa: alpha_l = sqrt(1 - exp(-2 gamma_l)), the target's Cholesky diagonal"
     )

@@ -98,6 +98,8 @@ def request_key(graph: NetworkGraph, request: SolveRequest) -> str:
         payload["assumptions"] = request.assumptions
     if request.attention is not None:  # absent: the key as it was
         payload["attention"] = {"shaping": request.attention.shaping, **request.attention.parameters()}
+        if request.attention.schedule_name() is not None:  # the default written out gives the same key
+            payload["attention"]["schedule"] = request.attention.schedule_name()
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     text = text.replace(json.dumps(_GRAPH_SLOT), graph.canonical_json(), 1)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -23,6 +23,7 @@ arXiv:2302.10322) and "The Shaped Transformer" (Noci et al., arXiv:2306.17759):
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -49,6 +50,7 @@ from ..maps.token_kernels import (
 )
 from ..network.initialization import layer_inits
 from .graph import SequenceView
+from .joint_schedule import block_curves, joint_uspa_schedule, skipless_reason
 from .token_program import TokenKernelProgram, TokenValue
 
 __all__ = ["complete_sequence_answer", "predicted_tokens"]
@@ -66,26 +68,46 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
     (solved on ``view``; ``graph`` is the full anonymized graph). Module docstring."""
     layers = len(view.attention)
     nodes = graph.nodes
+    sigma_w2 = 1.0 if answer.sigma_w2 is None else answer.sigma_w2
+    sigma_b2 = 0.0 if answer.sigma_b2 is None else answer.sigma_b2
+    dense = {nd.index: (sigma_w2, sigma_b2) for nd in nodes if nd.kind == AFFINE}
+    # the answer's sum_scales renormalize sums that one atom reaches through several paths; the
+    # adapters multiply those sums' weights by them, so the propagation does too
+    scales = answer.sum_scales or {}
+    sum_scales = {nd.index: scales[nd.user_id] for nd in nodes if nd.user_id in scales}
+    activation_maps = _activation_maps(graph, answer)
     if request.attention is None:
         # a token-wise network (no attention node: the parser requires the key exactly when there is
         # one): every map is entrywise, and the token kernel follows the MLP's C maps alone
-        shaping, params, generators, schedule, target = None, {}, [], [], None
+        generators, schedule, target = [], [], None
     else:
         shaping, params = request.attention.shaping, request.attention.parameters()
-        generators = shaping_generators(shaping, layers, **params)
+        schedule_params = {k: v for k, v in params.items() if k != "temperature"}
+        schedule_name = request.attention.schedule_name()
+        joint = None
+        if schedule_name == "joint":
+            joint = _joint(graph, view, dense, sum_scales, activation_maps, schedule_params["final_rho"], answer)
+            if joint is None:
+                schedule_name = "paper"
+        if joint is not None:
+            generators = joint.generators()
+            schedule = [
+                {"rho": k, "diagonal": math.sqrt(1.0 - k), "block_rho": b}
+                for k, b in zip(joint.targets, joint.boundaries, strict=True)
+            ]
+        else:
+            generators = shaping_generators(shaping, layers, **params)
+            schedule = shaping_schedule(shaping, layers, **schedule_params)
+        target = shaping_target(shaping, layers, **schedule_params)
         answer.attention = AttentionAnswer(
             shaping=shaping,
             parameters=params,
+            schedule=schedule_name,
             layers=[
                 AttentionLayer(node=nodes[i].user_id, generator=g)
                 for i, g in zip(view.attention, generators, strict=True)
             ],
         )
-        schedule_params = {k: v for k, v in params.items() if k != "temperature"}
-        schedule = shaping_schedule(shaping, layers, **schedule_params)
-        target = shaping_target(shaping, layers, **schedule_params)
-    sigma_w2 = 1.0 if answer.sigma_w2 is None else answer.sigma_w2
-    sigma_b2 = 0.0 if answer.sigma_b2 is None else answer.sigma_b2
     answer.layers = _full_layers(graph, view, request.init, sigma_w2, sigma_b2)
     if answer.graph_summary is not None:
         answer.graph_summary.nodes = graph.n
@@ -97,14 +119,9 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
         i: expand_attention(g, tokens, bool(nodes[i].attrs["causal"])).matrix()
         for i, g in zip(view.attention, generators, strict=True)
     }
-    dense = {nd.index: (sigma_w2, sigma_b2) for nd in nodes if nd.kind == AFFINE}
-    # the answer's sum_scales renormalize sums that one atom reaches through several paths; the
-    # adapters multiply those sums' weights by them, so the propagation does too
-    scales = answer.sum_scales or {}
-    sum_scales = {nd.index: scales[nd.user_id] for nd in nodes if nd.user_id in scales}
     program = TokenKernelProgram(graph, mixers, dense, sum_scales)
     with _one_blas_thread():
-        kernel = program.global_map(np.eye(tokens), _activation_maps(graph, answer)).kernel
+        kernel = program.global_map(np.eye(tokens), activation_maps).kernel
     rows = kernel.tolist()
     whole = tokens == view.tokens
     answer.token_kernel = TokenKernel(
@@ -125,7 +142,25 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
         answer.warnings.append(
             f"the predicted output token kernel's diagonal ranges over [{diag.min():.4g}, {diag.max():.4g}], "
             "not q = 1: the attention's location-dependent rescaling and the MLP blocks' C maps compound"
+            + (' (u-spa\'s "joint" schedule keeps q = 1 on skipless stacks)' if request.attention else "")
         )
+
+
+def _joint(graph, view, dense, sum_scales, activation_maps, final_rho: float, answer: Solution):
+    """U-SPA's joint schedule (``joint_schedule``), or None with a warning in ``answer`` where the
+    graph has shortcuts around its attention nodes (the paper's schedule is used then)."""
+    reason = skipless_reason(graph, view.attention)
+    if reason is not None:
+        answer.warnings.append(
+            "u-spa's joint schedule needs a skipless stack, and "
+            + reason
+            + ": the generators follow the paper's schedule, which moves the kernel by attention alone, and "
+            "token_kernel.output says where the MLP blocks take it"
+        )
+        return None
+    with _one_blas_thread():
+        c, curves = block_curves(graph, view.attention, dense, sum_scales, activation_maps)
+    return joint_uspa_schedule(c, curves, final_rho)
 
 
 def _one_blas_thread():

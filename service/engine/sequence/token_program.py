@@ -266,6 +266,11 @@ class TokenKernelProgram(NetworkProgram):
         atoms[name], held[name], out[name] = merged, 1, 1.0
         return out
 
+    def walk(self, x, r: TokenMap, visit: Callable[[int, TokenValue], None] | None = None) -> TokenValue:
+        """The output's token value for the input kernel ``x``; ``visit(node index, value)`` sees every
+        node's value on the way."""
+        return self._walk(x, r, visit)
+
     def global_map(self, x, r: TokenMap, repeat: Repeat | None = None) -> TokenValue:
         """The output's token value for the input kernel ``x`` (or ``TokenValue``)."""
         return self._walk(x, r)

@@ -1,0 +1,236 @@
+"""U-SPA's joint schedule: attention targets chosen with the MLP blocks' C maps, so that the whole
+network's output token kernel is the requested one (issue 37).
+
+The paper's schedule ("Deep Transformers without Shortcuts: Modifying Self-attention for Faithful
+Signal Propagation", He, Martens et al., arXiv:2302.10322, section 3) moves the token kernel by
+attention alone: A_l maps Sigma_(l-1) to Sigma_l. The MLP blocks between attention layers then raise
+every correlation again (their C maps have C(c) >= c on [0, 1], and C(0) > 0), so the next A_l, built
+for Sigma_(l-1), reads a more correlated kernel than it was built for, and its location-dependent
+rescaling D turns the surplus into q: at T = 64 with 12 blocks and eta 0.8, q per token grows to
+1.66 and the mean correlation to 0.956 against U-SPA's 0.8.
+
+Uniform kernels U_rho = (1 - rho) I + rho 1 1^T are closed under every per-token op of a skipless
+stack: an entrywise map (activation, a norm of tokens with equal means and diagonals, a product) sends
+U_rho to U_(g(rho)) with g the map's value on one pair of tokens at q = 1. So with the block map g_l
+(attention l's output correlation -> the next attention's input correlation, or the output's) the
+schedule can be solved exactly:
+
+- boundaries rho_0 <= rho_1 <= .. <= rho_L = final_rho, rho_l the correlation after block l, planned
+  like the paper's (1 - rho_l shrinks by one factor per block) from wherever the stack stands:
+  1 - rho_l = (1 - rho_(l-1)) ((1 - rho_L) / (1 - rho_(l-1)))^(1 / (L - l + 1));
+- attention l's target kappa_l = g_l^(-1)(rho_l), its source U_(rho_(l-1)): A_l = L(U_kappa) L(U_rho)^(-1),
+  non-negative when kappa_l >= rho_(l-1) (the paper's Theorem 1: the target at least as correlated
+  as the source);
+- where the MLP alone already raises rho_(l-1) past the plan (g_l(rho_(l-1)) > rho_l), the attention is
+  the identity (kappa_l = rho_(l-1)) and the remaining blocks are re-planned from g_l(rho_(l-1)).
+
+The MLP blocks alone (every attention the identity) take orthonormal tokens to the correlation
+g_L(..g_1(0)..), the *floor*; for TAT's skipless stacks that is C_f(0) = eta. The requested final_rho is
+reachable iff the floor is at most final_rho: otherwise ``unreachable_target``, naming the floor.
+
+The block maps g_l are read off the real graph, not re-derived: one walk of the exact token program
+(``token_program``) with every attention the identity and a probe kernel whose off-diagonal entries
+are a grid of correlations in [0, 1) gives G_l(c), the correlation at attention l's value input (and
+at the output) of the stack started at correlation c; then g_l = G_(l+1) o G_l^(-1), exact up to the
+monotone (PCHIP) interpolation of G on the grid. The answer's prediction is the exact propagation of
+the generators built here, so the interpolation only moves the target by ~1e-9, never the prediction.
+
+Skipless means: each attention node's value input, and the output, depend on the token stream only
+through the previous attention node (or, for the first, the input). With shortcuts the block input
+is added back after the attention, the kernel at a boundary is a function of two correlations, and
+``joint_schedule`` returns why it does not apply (``skipless_reason``); the caller keeps the paper's
+schedule and says so in the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.interpolate import PchipInterpolator
+
+from ...errors import SigpropError
+from ...schemas.ops import ATTENTION, SOURCE
+from ..graph.build import NetworkGraph
+from .token_program import TokenKernelProgram, TokenValue
+
+__all__ = ["JointSchedule", "joint_uspa_schedule", "skipless_reason", "probe_correlations"]
+
+# probe correlations: dense near 1, where deep stacks' G_l live
+_PROBE_TOKENS = 48
+_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class JointSchedule:
+    """U-SPA's joint schedule: per attention layer its source and target correlations."""
+
+    sources: tuple[float, ...]  # rho_(l-1): the kernel at attention l's value input
+    targets: tuple[float, ...]  # kappa_l: attention l's output kernel
+    boundaries: tuple[float, ...]  # rho_l: the kernel at the next attention's input (the output for l = L)
+    floor: float  # the correlation the MLP blocks alone reach (every attention the identity)
+
+    def generators(self) -> list[dict]:
+        """One ``cholesky_ratio`` generator per attention layer (``schemas.attention_init``)."""
+        return [
+            {"form": "cholesky_ratio", "target": _uniform(t), "source": _uniform(s)}
+            for s, t in zip(self.sources, self.targets, strict=True)
+        ]
+
+
+def _uniform(rho: float) -> dict:
+    return {"family": "identity"} if rho == 0.0 else {"family": "uniform", "rho": float(rho)}
+
+
+def skipless_reason(graph: NetworkGraph, attention: Sequence[int]) -> str | None:
+    """None when every attention node's value input, and the output, reach the token stream only
+    through the previous attention node (the first: through the input); else why not, naming the node."""
+    nodes = graph.nodes
+    frontier: list[frozenset[int]] = []
+    for nd in nodes:
+        if nd.kind in (SOURCE, ATTENTION):
+            frontier.append(frozenset((nd.index,)))
+        else:
+            frontier.append(frozenset().union(*(frontier[i] for i in nd.inputs)) if nd.inputs else frozenset())
+    source = next(nd.index for nd in nodes if nd.kind == SOURCE)
+    previous = [source, *attention]
+    readers = [(nodes[a].inputs[2], repr(nodes[a].user_id)) for a in attention] + [(graph.output, "the output")]
+    for (value, name), before in zip(readers, previous, strict=True):
+        reached = frontier[value]
+        if reached != {before}:
+            others = sorted(nodes[i].user_id for i in reached - {before})
+            return (
+                f"{name} reads the token stream of {', '.join(repr(o) for o in others)} besides "
+                f"{nodes[before].user_id!r} (a shortcut around an attention node)"
+            )
+    return None
+
+
+def probe_correlations(tokens: int = _PROBE_TOKENS) -> np.ndarray:
+    """The grid of probe correlations in [0, 1), denser towards 1 (one per token pair)."""
+    pairs = tokens * (tokens - 1) // 2
+    u = np.linspace(0.0, 1.0, pairs, endpoint=False)
+    return 1.0 - (1.0 - u) ** 2
+
+
+def _probe_kernel(c: np.ndarray, tokens: int) -> np.ndarray:
+    k = np.eye(tokens)
+    iu = np.triu_indices(tokens, 1)
+    k[iu] = c
+    k.T[iu] = c
+    return k
+
+
+def block_curves(
+    graph: NetworkGraph,
+    attention: Sequence[int],
+    dense: dict,
+    sum_scales: dict,
+    r: Callable[[TokenValue, int], TokenValue],
+) -> tuple[np.ndarray, np.ndarray]:
+    """(c, G) with G[l] the correlation at attention l's value input (G[L]: at the output) of the stack
+    with every attention the identity, started at correlation c (module docstring)."""
+    tokens = _PROBE_TOKENS
+    c = probe_correlations(tokens)
+    iu = np.triu_indices(tokens, 1)
+    eye = np.eye(tokens)
+    program = TokenKernelProgram(graph, {a: eye for a in attention}, dense, sum_scales)
+    at = {a: i for i, a in enumerate(attention)}
+    curves = np.empty((len(attention) + 1, c.size))
+
+    def visit(index: int, value: TokenValue) -> None:
+        if index in at:
+            curves[at[index]] = _correlations(value.kernel)[iu]
+
+    out = program.walk(_probe_kernel(c, tokens), r, visit)
+    curves[-1] = _correlations(out.kernel)[iu]
+    return c, curves
+
+
+def _correlations(k: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.diag(k))
+    return k / np.outer(d, d)
+
+
+class _Curve:
+    """G on the probe grid, monotone: evaluated and inverted by PCHIP interpolation."""
+
+    def __init__(self, c: np.ndarray, g: np.ndarray):
+        g = np.maximum.accumulate(np.clip(g, -1.0, 1.0))
+        keep = np.concatenate(([True], np.diff(g) > 1e-15))
+        self.c, self.g = c[keep], g[keep]
+        self._fwd = PchipInterpolator(self.c, self.g) if self.c.size > 1 else None
+        self._inv = PchipInterpolator(self.g, self.c) if self.c.size > 1 else None
+
+    def __call__(self, c: float) -> float:
+        if self._fwd is None or c <= self.c[0]:
+            return float(self.g[0])
+        if c >= self.c[-1]:  # beyond the grid's last point: linear towards G(1) = 1
+            t = (c - self.c[-1]) / (1.0 - self.c[-1])
+            return float(self.g[-1] + t * (1.0 - self.g[-1]))
+        return float(self._fwd(c))
+
+    def inverse(self, g: float) -> float:
+        if self._inv is None or g <= self.g[0]:
+            return float(self.c[0])
+        if g >= self.g[-1]:
+            t = (g - self.g[-1]) / (1.0 - self.g[-1])
+            return float(self.c[-1] + t * (1.0 - self.c[-1]))
+        return float(self._inv(g))
+
+
+def joint_uspa_schedule(c: np.ndarray, curves: np.ndarray, final_rho: float) -> JointSchedule:
+    """The joint schedule from the probe curves (``block_curves``) for the final correlation
+    ``final_rho`` (module docstring); ``unreachable_target`` when the MLP blocks alone exceed it."""
+    layers = curves.shape[0] - 1
+    g = [_Curve(c, row) for row in curves]
+    floor = g[-1](0.0)
+    if floor > final_rho + _TOLERANCE:
+        raise SigpropError(
+            "unreachable_target",
+            f"u-spa's joint schedule cannot end at final_rho = {final_rho:.6g}: the MLP blocks alone (every "
+            f"attention the identity) already raise every token correlation to {floor:.6g}, and attention that a "
+            "softmax can give (non-negative) only raises it further",
+            f"ask for final_rho >= {floor:.6g}, or lower the MLP blocks' correlation: for tat on a skipless stack "
+            f'that floor is C_f(0) = eta, so eta <= {final_rho:.6g} solves; or use "schedule": "paper"',
+        )
+    rho = g[0](0.0)
+    sources, targets, boundaries = [], [], []
+    for layer in range(layers):
+        remaining = layers - layer
+        if rho >= final_rho:
+            plan = rho
+        else:
+            plan = 1.0 - (1.0 - rho) * ((1.0 - final_rho) / (1.0 - rho)) ** (1.0 / remaining)
+        if remaining == 1:
+            plan = final_rho
+        here, there = g[layer], g[layer + 1]
+        start = here.inverse(rho)  # the probe correlation whose stack stands at rho here
+        reached = there(start)  # the next boundary with this attention the identity
+        if reached >= plan - _TOLERANCE:
+            kappa, nxt = rho, reached
+        else:
+            kappa = max(rho, here(there.inverse(plan)))
+            nxt = plan
+        sources.append(_clean(rho))
+        targets.append(_clean(kappa))
+        boundaries.append(_clean(nxt))
+        rho = nxt
+    if rho > final_rho + 1e-6:
+        raise SigpropError(
+            "unreachable_target",
+            f"u-spa's joint schedule overshoots final_rho = {final_rho:.6g}: the MLP blocks raise the token "
+            f"correlation to {rho:.6g} after the attention that the earlier blocks needed",
+            'ask for a larger final_rho, a smaller eta, or use "schedule": "paper"',
+        )
+    return JointSchedule(tuple(sources), tuple(targets), tuple(boundaries), _clean(floor))
+
+
+def _clean(x: float) -> float:
+    """A correlation in [0, 1): tiny negatives of rounding are 0."""
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"joint schedule: a non-finite correlation {x!r}")
+    return min(max(x, 0.0), 1.0 - 1e-15)

@@ -1,0 +1,155 @@
+"""U-SPA's joint schedule (issue 37): attention targets solved with the MLP blocks' C maps, so that the
+output token kernel is the requested (1 - rho) I + rho 1 1^T with q = 1 at every token.
+
+The reference below is independent of the engine: the closed-form arc-cosine C map of the TAT Leaky
+ReLU, the schedule written out from the module's definition (boundaries planned like the paper's,
+attention targets kappa_l = C^-1(rho_l) by bisection), numpy's Cholesky for the matrices, and the
+op-by-op propagation of ``test_transformer_solve.reference_output``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+
+import sigprop
+from sigprop.engine.solve import prepare
+from sigprop.errors import SigpropError
+from sigprop.schemas.attention_init import expand_attention
+from sigprop.schemas.solve import SolveRequest
+
+from .test_transformer_solve import leaky_relu_kernel, reference_output, uspa_matrices
+
+
+def body(depth=12, seq_len=64, eta=0.5, schedule=None, final_rho=None, **template):
+    attention = {"shaping": "u-spa"}
+    if schedule is not None:
+        attention["schedule"] = schedule
+    if final_rho is not None:
+        attention["final_rho"] = final_rho
+    graph = {"template": "transformer", "depth": depth, "seq_len": seq_len, "width": 64, "heads": 4, **template}
+    targets = {"eta": eta}
+    return {"graph": graph, "method": "tat", "activation": "leaky_relu", "targets": targets, "attention": attention}
+
+
+def c_map(answer):
+    a, s = answer.negative_slope, answer.output_scale
+    return lambda c: float(leaky_relu_kernel(np.array([[1.0, c], [c, 1.0]]), a, s)[0, 1])
+
+
+def reference_schedule(cmap, layers: int, final_rho: float) -> tuple[list[float], list[float]]:
+    """(kappa_l, rho_l) written out from the definition: plan the boundary like the paper, attention
+    supplies what the MLP's C map does not; the identity where the MLP alone overshoots."""
+    rho, kappas, boundaries = 0.0, [], []
+    for layer in range(layers):
+        remaining = layers - layer
+        plan = 1 - (1 - rho) * ((1 - final_rho) / (1 - rho)) ** (1 / remaining)
+        if cmap(rho) >= plan:
+            kappa, rho = rho, cmap(rho)
+        else:
+            kappa = brentq(lambda k: cmap(k) - plan, rho, 1.0, xtol=1e-14)
+            rho = plan
+        kappas.append(kappa)
+        boundaries.append(rho)
+    return kappas, boundaries
+
+
+def uniform_ratio(target: float, source: float, t: int) -> np.ndarray:
+    lt = np.linalg.cholesky((1 - target) * np.eye(t) + target)
+    ls = np.linalg.cholesky((1 - source) * np.eye(t) + source)
+    return lt @ np.linalg.inv(ls)
+
+
+@pytest.mark.parametrize(
+    "depth, seq_len, eta, final_rho",
+    [(12, 64, 0.5, 0.8), (12, 64, 0.8, 0.8), (24, 64, 0.5, 0.8), (6, 16, 0.3, 0.6)],
+)
+def test_joint_schedule_matches_the_closed_form_reference(depth, seq_len, eta, final_rho):
+    answer = sigprop.solve(body(depth, seq_len, eta, final_rho=final_rho))
+    assert answer.attention.schedule == "joint" and not answer.warnings
+    kappas, boundaries = reference_schedule(c_map(answer), depth, final_rho)
+    got = answer.token_kernel.schedule
+    np.testing.assert_allclose([s.rho for s in got], kappas, atol=1e-7)
+    np.testing.assert_allclose([s.block_rho for s in got], boundaries, atol=1e-7)
+    assert boundaries[-1] == pytest.approx(final_rho, abs=1e-12)
+    # the generators are the uniform Cholesky ratios source rho_(l-1) -> target kappa_l ...
+    mixers = [uniform_ratio(k, s, seq_len) for k, s in zip(kappas, [0.0, *boundaries[:-1]], strict=True)]
+    for layer, want in zip(answer.attention.layers, mixers, strict=True):
+        a = expand_attention(layer.generator, seq_len, causal=True).matrix()
+        np.testing.assert_allclose(a, want, atol=1e-6)
+        assert a.min() >= 0.0  # what a softmax can give (D softmax(B))
+    # ... and the output kernel is exactly the requested one, q = 1 at every token
+    out = np.array(answer.token_kernel.output)
+    reference = reference_output(mixers, answer.negative_slope, answer.output_scale)
+    np.testing.assert_allclose(out, reference, atol=1e-6)
+    np.testing.assert_allclose(out, (1 - final_rho) * np.eye(seq_len) + final_rho, atol=1e-9)
+
+
+def test_the_issues_deep_row_keeps_q_and_the_target():
+    # T = 256, 72 blocks: eta 0.9 is refused (below); eta 0.5 and 0.8 solve exactly
+    for eta in (0.5, 0.8):
+        out = np.array(sigprop.solve(body(72, 256, eta)).token_kernel.output)
+        np.testing.assert_allclose(np.diag(out), 1.0, atol=1e-9)
+        np.testing.assert_allclose(out, 0.2 * np.eye(256) + 0.8, atol=1e-8)
+
+
+def test_an_eta_above_the_target_is_refused_naming_the_largest_that_solves():
+    with pytest.raises(SigpropError) as e:
+        sigprop.solve(body(72, 256, 0.9))
+    assert e.value.code == "unreachable_target"
+    assert "0.9" in e.value.message and "eta <= 0.8" in e.value.hint
+    # the largest eta named solves (it is the boundary: the MLP blocks alone reach final_rho exactly,
+    # every attention the identity)
+    answer = sigprop.solve(body(12, 16, 0.8))
+    assert [s.rho for s in answer.token_kernel.schedule][1:] == pytest.approx(
+        [s.block_rho for s in answer.token_kernel.schedule][:-1], abs=1e-9
+    )
+    with pytest.raises(SigpropError, match="unreachable_target|0.85"):
+        sigprop.solve(body(12, 16, 0.85))
+
+
+def test_pre_ln_blocks_keep_the_target_too():
+    answer = sigprop.solve(body(12, 64, 0.5, norms=True))
+    assert answer.attention.schedule == "joint" and not answer.warnings
+    out = np.array(answer.token_kernel.output)
+    np.testing.assert_allclose(out, 0.2 * np.eye(64) + 0.8, atol=1e-9)
+
+
+def test_with_shortcuts_the_answer_says_why_the_paper_schedule_is_used():
+    answer = sigprop.solve(body(4, 16, 0.3, shortcuts=True))
+    assert answer.attention.schedule == "paper"
+    assert any("skipless" in w and "'b1.attn'" in w for w in answer.warnings), answer.warnings
+    paper = sigprop.solve(body(4, 16, 0.3, schedule="paper", shortcuts=True))
+    assert answer.token_kernel.output == paper.token_kernel.output
+
+
+def test_the_papers_schedule_stays_reachable():
+    answer = sigprop.solve(body(3, 6, 0.3, schedule="paper", final_rho=0.6))
+    assert answer.attention.schedule == "paper"
+    want = reference_output(uspa_matrices(0.6, 3, 6), answer.negative_slope, answer.output_scale)
+    np.testing.assert_allclose(np.array(answer.token_kernel.output), want, rtol=1e-9, atol=1e-12)
+    assert all(s.block_rho is None for s in answer.token_kernel.schedule)
+
+
+def test_the_default_schedule_written_out_is_the_same_key():
+    implicit = prepare(SolveRequest.model_validate(body(3, 6))).key
+    explicit = prepare(SolveRequest.model_validate(body(3, 6, schedule="joint"))).key
+    paper = prepare(SolveRequest.model_validate(body(3, 6, schedule="paper"))).key
+    assert implicit == explicit != paper
+
+
+@pytest.mark.parametrize(
+    "attention, says",
+    [
+        ({"shaping": "e-spa", "schedule": "joint"}, "e-spa has no joint schedule"),
+        ({"shaping": "shaped", "schedule": "paper"}, "takes no schedule"),
+        ({"shaping": "u-spa", "schedule": "both"}, "schedule"),
+    ],
+)
+def test_a_schedule_the_shaping_does_not_offer_is_refused(attention, says):
+    b = body(3, 6)
+    b["attention"] = attention
+    with pytest.raises(SigpropError) as e:
+        sigprop.solve(b)
+    assert e.value.code == "invalid_request" and says in e.value.message
