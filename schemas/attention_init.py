@@ -19,7 +19,11 @@ and "The Shaped Transformer" (Noci et al., arXiv:2306.17759):
   and a source kernel matrix, so that A Sigma_s A^T = Sigma_t. A is lower triangular with
   non-negative entries for the paper's kernel families when the target is at least as correlated as
   the source (its Theorem 1); written as A = D P with D = diag(row sums) (the location-dependent
-  rescaling) and P = softmax(log P) row-stochastic, so bias = log P.
+  rescaling) and P = softmax(log P) row-stochastic, so bias = log P. With ``source_floor`` f > 0
+  (E-SPA's joint schedule, issue 37) the source the attention reads is f 1 1^T + (1 - f) Sigma_s, the
+  floor every pair of tokens has after MLP blocks whose C(0) > 0; each row i of L_t L_s^{-1} (row sum
+  d_i) is divided by sqrt(f d_i^2 + 1 - f), so that every token keeps q = 1: the output is
+  (f d d^T + (1 - f) Sigma_t) with unit diagonal, non-negative as the paper's ratio is.
 - ``value_skipinit``: A = alpha I + beta softmax(mask) (alpha, beta trainable; 1 and 0 at init).
 - ``shaped``: A = I + softmax(logits / temperature) - softmax(mask): the identity at init.
 
@@ -174,6 +178,9 @@ def expand_attention(generator: dict, seq_len: int, causal: bool) -> AttentionIn
             "produce it (the target kernel must be at least as correlated as the source)"
         )
     a = np.maximum(a, 0.0)
+    floor = _source_floor(generator)
+    if floor:
+        a = a / floor_row_scale(a.sum(axis=1), floor)[:, None]
     scale = a.sum(axis=1)
     with np.errstate(divide="ignore"):
         bias = np.log(a / scale[:, None])
@@ -201,6 +208,20 @@ def one_blas_thread():
                     return contextlib.nullcontext()
                 _controller = ThreadpoolController()
     return _controller.limit(limits=1, user_api="blas")
+
+
+def floor_row_scale(row_sums: np.ndarray, floor: float) -> np.ndarray:
+    """sqrt(f d_i^2 + 1 - f): row i of a ratio A with row sums d maps the floored source f 1 1^T +
+    (1 - f) Sigma_s (unit diagonal, A Sigma_s A^T unit diagonal) to f d_i^2 + (1 - f) on the diagonal;
+    dividing the row by this keeps every token at q = 1."""
+    return np.sqrt(floor * row_sums * row_sums + (1.0 - floor))
+
+
+def _source_floor(generator: dict) -> float:
+    floor = float(generator.get("source_floor", 0.0))
+    if not 0.0 <= floor < 1.0:
+        raise ValueError(f"a cholesky_ratio's source_floor must lie in [0, 1), got {generator.get('source_floor')!r}")
+    return floor
 
 
 def _gamma(family: dict) -> float:

@@ -59,17 +59,10 @@ class Shaping:
         return self.schedules[0] if self.schedules else None
 
 
-_ESPA_NO_JOINT = (
-    "e-spa has no joint schedule: the MLP blocks' C maps give every pair of tokens a floor C(0) > 0, and "
-    "exp(-gamma |i - j|) has none; with a floor in the family, the Cholesky ratios need negative weights "
-    "(down to -2.4 % at T = 64, 12 blocks, eta 0.8), which no softmax gives. Use u-spa, whose uniform kernels "
-    "the MLP blocks keep uniform, for the joint schedule"
-)
-
 SHAPING_TABLE: dict[str, Shaping] = {
     s.name: s
     for s in (
-        Shaping("e-spa", ("final_gamma",), zero_query=True, schedules=("paper",), missing_schedule=_ESPA_NO_JOINT),
+        Shaping("e-spa", ("final_gamma",), zero_query=True, schedules=("joint", "paper")),
         Shaping("u-spa", ("final_rho",), zero_query=True, schedules=("joint", "paper")),
         Shaping("value-skipinit", (), zero_query=True),
         Shaping("shaped", ("temperature",), zero_query=False),

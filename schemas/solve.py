@@ -121,9 +121,9 @@ class AttentionRequest(BaseModel):
     )
     schedule: ScheduleName | None = Field(
         default=None,
-        description="u-spa: 'joint' (the default) chooses each attention's target with the MLP blocks' C maps so "
-        "that the output kernel is the requested one, q = 1 at every block boundary; 'paper' moves the kernel by "
-        "attention alone (He et al. section 3). e-spa: 'paper' only (the default)",
+        description="e-spa, u-spa: 'joint' (the default) chooses each attention's target with the MLP blocks' C maps "
+        "so that the output kernel keeps q = 1 and has the requested kernel's mean correlation (u-spa: is the "
+        "requested kernel); 'paper' moves the kernel by attention alone (He et al. section 3)",
     )
 
     @model_validator(mode="after")
@@ -440,6 +440,15 @@ class ScheduleEntry(BaseModel):
     node: str
     gamma: float | None = Field(default=None, description="e-spa: gamma_l of this layer's target kernel")
     rho: float | None = Field(default=None, description="u-spa: rho_l of this layer's target kernel")
+    source_floor: float | None = Field(
+        default=None,
+        description="e-spa joint schedule: the floor f of the source f 11^T + (1 - f) exp(-gamma_(l-1) |i-j|) the "
+        "attention's rows are rescaled for (q = 1 at every token)",
+    )
+    block_mean: float | None = Field(
+        default=None,
+        description="e-spa joint schedule: the design's mean token correlation after the block (its MLP included)",
+    )
     block_rho: float | None = Field(
         default=None,
         description="u-spa joint schedule: the correlation after the block, at the next attention's value input "
@@ -466,6 +475,15 @@ class TokenKernel(BaseModel):
     )
     leading_tokens: int | None = None
     target: dict | None = Field(default=None, description="the schedule's last target kernel family")
+    target_mean: float | None = Field(
+        default=None,
+        description="e-spa, u-spa: the target family's mean correlation over the token pairs i != j of the T tokens",
+    )
+    predicted_mean: float | None = Field(
+        default=None,
+        description="e-spa, u-spa: the predicted output kernel's mean correlation K_ij / sqrt(K_ii K_jj) over its "
+        "token pairs i != j (output, or leading)",
+    )
     schedule: list[ScheduleEntry] = Field(default_factory=list)
 
 

@@ -11,7 +11,7 @@ from .solve import SolveRequest
 Baseline = Literal["he", "eoc", "plain"]
 Task = Literal["classify", "charlm"]
 # the networks a "charlm" validation trains side by side (docs/service.md, "Character-level LM")
-CharLMArm = Literal["solved", "shortcuts", "standard", "hf_gpt2", "hf_gpt2_keep", "hf_gpt2_norm_free"]
+CharLMArm = Literal["solved", "shortcuts", "standard", "paper_schedule", "hf_gpt2", "hf_gpt2_keep", "hf_gpt2_norm_free"]
 CHARLM_ARMS: tuple[str, ...] = ("solved", "shortcuts", "standard")
 CHARLM_DATASET = "stdlib"
 JobStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
@@ -80,11 +80,12 @@ class ValidationRequest(BaseModel):
     arms: list[CharLMArm] | None = Field(
         default=None,
         min_length=1,
-        max_length=6,
+        max_length=7,
         description="charlm only: 'solved' (the answer applied), 'shortcuts' (the same transformer with "
         "shortcuts, normalization-free, solved and applied), 'standard' (pre-LN with shortcuts, PyTorch's "
         "default initialization, plain causal attention); default these three, 'solved' always included. "
-        "Opt-in: 'hf_gpt2' (HuggingFace GPT2LMHeadModel of the same size, stock), 'hf_gpt2_keep' and "
+        "Opt-in: 'paper_schedule' (the same transformer, its e-spa/u-spa attention on the paper's schedule), "
+        "'hf_gpt2' (HuggingFace GPT2LMHeadModel of the same size, stock), 'hf_gpt2_keep' and "
         "'hf_gpt2_norm_free' (its two recipes solved and applied; the worker needs transformers)",
     )
 

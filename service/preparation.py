@@ -106,10 +106,12 @@ def _check_cost(cost: tuple[int, int], budget: int | None, what: str) -> None:
         )
 
 
-def check_template(t: Template, limits: Limits, shaping: str | None = None) -> TemplateSize | None:
+def check_template(
+    t: Template, limits: Limits, shaping: str | None = None, schedule: str | None = None
+) -> TemplateSize | None:
     """A template's size from its parameters, refused (413) over any limit; None when its
-    parameters are invalid (the expansion says why). ``shaping``: the request's attention shaping
-    (its generators' price)."""
+    parameters are invalid (the expansion says why). ``shaping``, ``schedule``: the request's
+    attention shaping and schedule (their price)."""
     size = template_size(t)
     if size is None:
         return None
@@ -122,7 +124,7 @@ def check_template(t: Template, limits: Limits, shaping: str | None = None) -> T
         raise fan_in_error(f"a concat of template '{t.template}'", size.fan_in, limits.max_fan_in)
     _check_cost((size.nodes, size.edges), limits.max_cost, what)
     if t.template == "transformer":  # its tokens and token-kernel price, before it is built
-        _check_tokens(transformer_param(t, "seq_len"), t.depth or 0, size.nodes - t.depth, limits, shaping)
+        _check_tokens(transformer_param(t, "seq_len"), t.depth or 0, size.nodes - t.depth, limits, shaping, schedule)
     return size
 
 
@@ -134,7 +136,7 @@ def admit(data, limits: Limits) -> Admitted:
             template = Template.model_validate(raw)
         except ValidationError:
             return Admitted(data, None, None)  # validation says why
-        size = check_template(template, limits, _shaping(data))
+        size = check_template(template, limits, _shaping(data), _schedule(data))
         return Admitted(data, None if size is None else size.nodes + size.edges, size)
     nodes = raw.get("nodes") if isinstance(raw, dict) else None
     if not isinstance(nodes, list):
@@ -164,16 +166,16 @@ def prepare_admitted(admitted: Admitted, limits: Limits) -> Prepared:
         depth = prep.graph.depth()
         if depth > limits.max_depth:
             raise too_deep(depth, limits.max_depth)
-    check_tokens(prep.graph, limits, _shaping(admitted.data))
+    check_tokens(prep.graph, limits, _shaping(admitted.data), _schedule(admitted.data))
     return prep
 
 
-def check_tokens(graph, limits: Limits, shaping: str | None = None) -> None:
+def check_tokens(graph, limits: Limits, shaping: str | None = None, schedule: str | None = None) -> None:
     """Refuse (413) a sequence graph whose tokens or token-kernel propagation exceed the limits."""
     tokens = _tokens(graph)
     if tokens:
         attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
-        _check_tokens(tokens, attention, graph.n - attention, limits, shaping)
+        _check_tokens(tokens, attention, graph.n - attention, limits, shaping, schedule)
 
 
 def _tokens(graph) -> int:
@@ -187,7 +189,14 @@ def _shaping(data) -> str | None:
     return shaping if isinstance(shaping, str) else None
 
 
-def solve_price(graph, shaping: str | None = None) -> int:
+def _schedule(data) -> str | None:
+    """The attention schedule a request body names (None: the shaping's default, or not a request)."""
+    attention = data.get("attention") if isinstance(data, dict) else None
+    schedule = attention.get("schedule") if isinstance(attention, dict) else None
+    return schedule if isinstance(schedule, str) else None
+
+
+def solve_price(graph, shaping: str | None = None, schedule: str | None = None) -> int:
     """What a built graph's solve costs, in the unit of ``max_cost`` (nodes plus edges, about
     ``NS_PER_COST`` ns each): its nodes plus edges, plus a sequence graph's token-kernel propagation
     (``token_work``, in ns) converted. What chooses a cold solve's lane: a transformer of few nodes
@@ -196,18 +205,20 @@ def solve_price(graph, shaping: str | None = None) -> int:
     tokens = _tokens(graph)
     if tokens:
         attention = sum(1 for nd in graph.nodes if nd.kind == ATTENTION)
-        price += token_work(tokens, attention, graph.n - attention, shaping) // NS_PER_COST
+        price += token_work(tokens, attention, graph.n - attention, shaping, schedule) // NS_PER_COST
     return price
 
 
-def _check_tokens(tokens: int, attention: int, others: int, limits: Limits, shaping: str | None = None) -> None:
+def _check_tokens(
+    tokens: int, attention: int, others: int, limits: Limits, shaping: str | None = None, schedule: str | None = None
+) -> None:
     if limits.max_seq_len is not None and tokens > limits.max_seq_len:
         raise SigpropError(
             "graph_too_large",
             f"the graph's sequences have {tokens} tokens, more than this service's limit of {limits.max_seq_len}",
             "use a shorter seq_len (the answer's attention generators hold for any length)",
         )
-    work = token_work(tokens, attention, others, shaping)
+    work = token_work(tokens, attention, others, shaping, schedule)
     if limits.max_token_work is not None and work > limits.max_token_work:
         raise SigpropError(
             "graph_too_large",

@@ -247,7 +247,9 @@ class SolutionService:
         if text is None:
             if not notes:
                 CACHE.labels("miss").inc()
-            return ColdSolve(parsed, prep, request_text, notes, client, solve_price(prep.graph, shaping_of(prep)))
+            return ColdSolve(
+                parsed, prep, request_text, notes, client, solve_price(prep.graph, shaping_of(prep), schedule_of(prep))
+            )
         return self._hit(text, parsed, digest)
 
     def _heavy_template(self, admitted: Admitted) -> bool:
@@ -409,6 +411,12 @@ class SolutionService:
 def shaping_of(prep: Prepared) -> str | None:
     """The attention shaping a prepared request names (None: not a sequence request)."""
     return getattr(prep.request.attention, "shaping", None)
+
+
+def schedule_of(prep: Prepared) -> str | None:
+    """The attention schedule a prepared request solves for (None: not a sequence request)."""
+    attention = prep.request.attention
+    return attention.schedule_name() if attention is not None else None
 
 
 def graph_size(graph) -> int:

@@ -216,6 +216,30 @@ def _make_arm(name: str, request: dict, graph: Graph, sol: Solution, params: Tra
             params,
             seed,
         )
+    if name == "paper_schedule":
+        # the validated graph again, its attention on the paper's schedule (issue 37): what the
+        # joint schedule changes, on the same batches
+        from ..engine.solve import solve
+
+        body = _solve_body(request, sol)
+        attention = body.get("attention")
+        if not isinstance(attention, dict) or attention.get("shaping") not in ("e-spa", "u-spa"):
+            raise SigpropError(
+                "invalid_request",
+                "arm 'paper_schedule' needs a solution whose attention is shaped by e-spa or u-spa",
+                'validate a transformer solved with "attention": {"shaping": "e-spa"}, or drop the arm',
+            )
+        graph_body = {**body, "attention": {**attention, "schedule": "paper"}, "graph": params.template()}
+        other = solve(SolveRequest.model_validate(graph_body))
+        return _solved_arm(
+            "paper_schedule",
+            f"the same transformer, its attention on the paper's schedule ({attention['shaping']}, "
+            "moved by attention alone), solved and applied",
+            _template_graph(params.template()),
+            other,
+            params,
+            seed,
+        )
     if name == "standard":
         torch.manual_seed(seed)
         net = build_graph(_template_graph(params.template(shortcuts=True, norms=True)), default_activation="relu")
@@ -236,7 +260,9 @@ def _make_arm(name: str, request: dict, graph: Graph, sol: Solution, params: Tra
         )
         return _Arm(name, description, model, made, facts, paths, weighted)
     raise SigpropError(
-        "invalid_request", f"unknown arm {name!r}", f"arms are 'solved', 'shortcuts', 'standard', {', '.join(HF_ARMS)}"
+        "invalid_request",
+        f"unknown arm {name!r}",
+        f"arms are 'solved', 'shortcuts', 'standard', 'paper_schedule', {', '.join(HF_ARMS)}",
     )
 
 

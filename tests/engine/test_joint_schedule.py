@@ -142,7 +142,6 @@ def test_the_default_schedule_written_out_is_the_same_key():
 @pytest.mark.parametrize(
     "attention, says",
     [
-        ({"shaping": "e-spa", "schedule": "joint"}, "e-spa has no joint schedule"),
         ({"shaping": "shaped", "schedule": "paper"}, "takes no schedule"),
         ({"shaping": "u-spa", "schedule": "both"}, "schedule"),
     ],
@@ -153,3 +152,90 @@ def test_a_schedule_the_shaping_does_not_offer_is_refused(attention, says):
     with pytest.raises(SigpropError) as e:
         sigprop.solve(b)
     assert e.value.code == "invalid_request" and says in e.value.message
+
+
+# -- E-SPA -------------------------------------------------------------------------------------------
+
+
+def espa_body(depth=12, seq_len=64, eta=0.5, **template):
+    b = body(depth, seq_len, eta, **template)
+    b["attention"] = {"shaping": "e-spa"}
+    return b
+
+
+def floored_ratio(generator: dict, t: int) -> np.ndarray:
+    """The generator's matrix written out with numpy: the paper's ratio between the exponential kernels,
+    each row divided so that the floored source f 11^T + (1 - f) Sigma_s keeps a unit diagonal."""
+    lag = np.abs(np.arange(t)[:, None] - np.arange(t)[None, :])
+    kernel = {"identity": lambda fam: np.eye(t), "exponential": lambda fam: np.exp(-fam["gamma"] * lag)}
+    source = kernel[generator["source"]["family"]](generator["source"])
+    target = kernel[generator["target"]["family"]](generator["target"])
+    a = np.linalg.cholesky(target) @ np.linalg.inv(np.linalg.cholesky(source))
+    f = generator.get("source_floor", 0.0)
+    floored = f + (1 - f) * source
+    return a / np.sqrt(np.einsum("ij,jk,ik->i", a, floored, a))[:, None]
+
+
+@pytest.mark.parametrize(
+    "depth, seq_len, eta",
+    # the issue's E-SPA rows (eta 0.9 at T = 256 is refused below) and T = 64 with 24 blocks
+    [(12, 64, 0.8), (12, 64, 0.5), (24, 64, 0.8), (24, 64, 0.5), (72, 256, 0.5)],
+)
+def test_espa_joint_keeps_q_and_the_mean_correlation(depth, seq_len, eta):
+    answer = sigprop.solve(espa_body(depth, seq_len, eta))
+    tk = answer.token_kernel
+    assert answer.attention.schedule == "joint"
+    out = np.array(tk.output)
+    diag = np.diag(out)
+    assert 0.9 <= diag.min() and diag.max() <= 1.02, (diag.min(), diag.max())  # the issue asks [0.8, 1.25]
+    d = np.sqrt(diag)
+    corr = out / np.outer(d, d)
+    mean = (corr.sum() - seq_len) / (seq_len * (seq_len - 1))
+    lags = np.arange(1, seq_len)
+    want = 2 * np.sum((seq_len - lags) * np.exp(-0.005 * lags)) / (seq_len * (seq_len - 1))
+    assert tk.target_mean == pytest.approx(want, rel=1e-12) and tk.predicted_mean == pytest.approx(mean, abs=1e-12)
+    assert abs(mean - want) < 0.005, (mean, want)  # the issue asks 0.05; measured <= 0.0008
+    for layer in answer.attention.layers:
+        a = expand_attention(layer.generator, seq_len, causal=True).matrix()
+        assert a.min() >= 0.0  # what a softmax can give
+
+
+def test_espa_joint_prediction_equals_an_independent_propagation():
+    answer = sigprop.solve(espa_body(6, 16, 0.5))
+    mixers = [floored_ratio(x.generator, 16) for x in answer.attention.layers]
+    assert any(x.generator.get("source_floor", 0) > 0 for x in answer.attention.layers)
+    for x, want in zip(answer.attention.layers, mixers, strict=True):
+        np.testing.assert_allclose(expand_attention(x.generator, 16, causal=True).matrix(), want, atol=1e-9)
+    reference = reference_output(mixers, answer.negative_slope, answer.output_scale)
+    np.testing.assert_allclose(np.array(answer.token_kernel.output), reference, atol=1e-10)
+
+
+def test_espa_joint_refuses_an_eta_above_the_target_mean_naming_the_largest():
+    with pytest.raises(SigpropError) as e:
+        sigprop.solve(espa_body(72, 256, 0.9))
+    assert e.value.code == "unreachable_target" and "eta <= 0.67995" in e.value.hint, e.value.hint
+    with pytest.raises(SigpropError) as e:
+        sigprop.solve(espa_body(24, 64, 0.92))
+    assert "eta <= 0.8998" in e.value.hint
+    answer = sigprop.solve(espa_body(24, 64, 0.895))  # just under the named bound: solves
+    assert abs(answer.token_kernel.predicted_mean - answer.token_kernel.target_mean) < 0.005
+
+
+def test_a_floor_outside_0_1_is_refused_by_the_expansion():
+    g = {"form": "cholesky_ratio", "target": {"family": "exponential", "gamma": 0.1}, "source": {"family": "identity"}}
+    with pytest.raises(ValueError, match="source_floor"):
+        expand_attention({**g, "source_floor": 1.0}, 8, causal=True)
+    # a floor of 0 is the paper's ratio
+    np.testing.assert_array_equal(
+        expand_attention({**g, "source_floor": 0.0}, 8, True).matrix(), expand_attention(g, 8, True).matrix()
+    )
+
+
+def test_the_joint_schedule_is_priced_before_it_runs():
+    from sigprop.engine.limits import PROBE_TOKENS, token_work
+
+    paper = token_work(256, 72, 576, "e-spa", "paper")
+    probe = token_work(PROBE_TOKENS, 72, 576)  # the probe walk: a propagation over PROBE_TOKENS tokens
+    assert token_work(256, 72, 576, "e-spa") == token_work(256, 72, 576, "e-spa", "joint") == 2 * paper + probe
+    assert token_work(256, 72, 576, "u-spa") == token_work(256, 72, 576, "u-spa", "paper") + probe
+    assert token_work(256, 72, 576, "shaped") == token_work(256, 72, 576)

@@ -50,13 +50,22 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.interpolate import PchipInterpolator
+from scipy.optimize import brentq
 
 from ...errors import SigpropError
 from ...schemas.ops import ATTENTION, SOURCE
 from ..graph.build import NetworkGraph
 from .token_program import TokenKernelProgram, TokenValue
 
-__all__ = ["JointSchedule", "joint_uspa_schedule", "skipless_reason", "probe_correlations"]
+__all__ = [
+    "JointSchedule",
+    "JointExponentialSchedule",
+    "joint_uspa_schedule",
+    "joint_espa_schedule",
+    "mean_correlation",
+    "skipless_reason",
+    "probe_correlations",
+]
 
 # probe correlations: dense near 1, where deep stacks' G_l live
 _PROBE_TOKENS = 48
@@ -172,6 +181,28 @@ class _Curve:
             return float(self.g[-1] + t * (1.0 - self.g[-1]))
         return float(self._fwd(c))
 
+    def values(self, c: np.ndarray) -> np.ndarray:
+        """G at an array of correlations (as ``__call__``)."""
+        c = np.asarray(c, dtype=float)
+        out = np.interp(c, self.c, self.g)  # the ends: clamped, then the linear tail towards (1, 1)
+        if self._fwd is not None:
+            inside = (c > self.c[0]) & (c < self.c[-1])
+            out[inside] = self._fwd(c[inside])
+        tail = c >= self.c[-1]
+        out[tail] = self.g[-1] + (c[tail] - self.c[-1]) / (1.0 - self.c[-1]) * (1.0 - self.g[-1])
+        return out
+
+    def inverses(self, g: np.ndarray) -> np.ndarray:
+        """G^-1 at an array of correlations (as ``inverse``)."""
+        g = np.asarray(g, dtype=float)
+        out = np.interp(g, self.g, self.c)
+        if self._inv is not None:
+            inside = (g > self.g[0]) & (g < self.g[-1])
+            out[inside] = self._inv(g[inside])
+        tail = g >= self.g[-1]
+        out[tail] = self.c[-1] + (g[tail] - self.g[-1]) / (1.0 - self.g[-1]) * (1.0 - self.c[-1])
+        return out
+
     def inverse(self, g: float) -> float:
         if self._inv is None or g <= self.g[0]:
             return float(self.c[0])
@@ -234,3 +265,120 @@ def _clean(x: float) -> float:
     if not math.isfinite(x):
         raise ValueError(f"joint schedule: a non-finite correlation {x!r}")
     return min(max(x, 0.0), 1.0 - 1e-15)
+
+
+# --------------------------------------------------------------------------- E-SPA
+
+
+@dataclass(frozen=True)
+class JointExponentialSchedule:
+    """E-SPA's joint schedule: per attention layer the exponential target gamma (``betas``), the
+    source it reads (``sources``: the exponential part's gamma, inf for the identity, and the floor),
+    and the design's mean correlation after the block (``block_means``)."""
+
+    betas: tuple[float, ...]
+    sources: tuple[tuple[float, float], ...]  # (gamma, floor) of attention l's input
+    block_means: tuple[float, ...]
+    target_mean: float  # the requested exp(-gamma_L |i - j|)'s mean correlation over the T tokens
+    floor: float  # the MLP blocks alone (every attention the identity): every correlation
+
+    def generators(self) -> list[dict]:
+        out = []
+        for beta, (gamma, floor) in zip(self.betas, self.sources, strict=True):
+            source = {"family": "identity"} if math.isinf(gamma) else {"family": "exponential", "gamma": gamma}
+            g = {"form": "cholesky_ratio", "target": {"family": "exponential", "gamma": beta}, "source": source}
+            if floor > 0.0:
+                g["source_floor"] = floor
+            out.append(g)
+        return out
+
+
+def mean_correlation(lag_values: np.ndarray) -> float:
+    """The mean over token pairs i != j of a T x T Toeplitz kernel given by its values at lags 0..T-1."""
+    t = lag_values.size
+    if t < 2:
+        return 1.0
+    k = np.arange(1, t)
+    return float(2.0 * np.sum((t - k) * lag_values[1:]) / (t * (t - 1)))
+
+
+def _row_sum_limit(beta: float, gamma: float) -> float:
+    """D_inf, the row sums of L(exp(-beta |i-j|)) L(exp(-gamma |i-j|))^-1 far from the first token:
+    sqrt((1 - r_s) / (1 + r_s) (1 + r_t) / (1 - r_t)), r = exp(-gamma) (the AR(1) factors of
+    ``attention_init.exponential_cholesky``; r_s = 0 for the identity)."""
+    rt = math.exp(-beta)
+    rs = 0.0 if math.isinf(gamma) else math.exp(-gamma)
+    return math.sqrt((1.0 - rs) / (1.0 + rs) * (1.0 + rt) / -math.expm1(-beta))
+
+
+def joint_espa_schedule(
+    c: np.ndarray, curves: np.ndarray, final_gamma: float, seq_len: int, aim: float | None = None
+) -> JointExponentialSchedule:
+    """E-SPA's joint schedule (issue 37). The MLP blocks give every pair of tokens a floor f (their
+    C(0) > 0), which exp(-gamma |i - j|) has not, and a Cholesky ratio between floored kernels needs
+    negative weights. So each attention is the paper's ratio L(Sigma_beta) L(Sigma_gamma)^-1 between
+    the exponential parts, its rows rescaled for the floored source f 1 1^T + (1 - f) Sigma_gamma it
+    reads (``attention_init``'s ``source_floor``): non-negative, q = 1 at every token. Far from the
+    first token its output is f' + (1 - f') exp(-beta tau), f' = f D^2 / (f D^2 + 1 - f) with D the
+    ratio's row sum; the block's C map g_l then gives the next input, refitted to the family (floor
+    g_l(f'), the exponential part's gamma from the lag-1 correlation).
+
+    Each block's beta is the root that puts the block's mean correlation m_l over the T tokens on the
+    plan 1 - m_l = (1 - m_(l-1)) ((1 - m_L) / (1 - m_(l-1)))^(1 / (L - l + 1)), U-SPA's, from where the
+    stack stands; the last block's on the requested kernel's mean m_L. (The paper's gammas keep the
+    first blocks' attention idle while the MLPs add their floor, then take large steps, whose row
+    sums vary most near the first tokens: at T = 64, 12 blocks, eta 0.5 the diagonal dipped to 0.89,
+    against 0.95 with equal steps.) Where the MLP alone already passes the plan, the attention is the
+    identity (beta = the source's gamma). The requested shape is not kept (the floor), its mean
+    correlation is, up to the family fit; ``aim`` replaces m_L in the plan (the caller's correction
+    from the exact prediction). The answer's prediction is the exact propagation of these matrices."""
+    layers = curves.shape[0] - 1
+    g = [_Curve(c, row) for row in curves]
+    lags = np.arange(seq_len, dtype=float)
+    target_mean = mean_correlation(np.exp(-final_gamma * lags))
+    floor = g[-1](0.0)
+    if floor > target_mean + _TOLERANCE:
+        raise SigpropError(
+            "unreachable_target",
+            f"e-spa's joint schedule cannot reach final_gamma = {final_gamma:.6g}, whose kernel has mean token "
+            f"correlation {target_mean:.6g} over {seq_len} tokens: the MLP blocks alone (every attention the "
+            f"identity) already raise every token correlation to {floor:.6g}, and attention that a softmax can "
+            "give (non-negative) only raises it further",
+            f"for tat on a skipless stack that floor is C_f(0) = eta, so eta <= {target_mean:.6g} solves; or ask "
+            f'for a smaller final_gamma (a more correlated kernel), or use "schedule": "paper"',
+        )
+    final = target_mean if aim is None else min(max(aim, floor), 1.0 - 1e-9)
+
+    def block(layer: int, beta: float, f: float, gamma: float) -> tuple[np.ndarray, float, float]:
+        d = _row_sum_limit(beta, gamma)
+        lifted = f * d * d / (f * d * d + 1.0 - f)
+        here, there = g[layer], g[layer + 1]
+        after = there.values(here.inverses(lifted + (1.0 - lifted) * np.exp(-beta * lags)))
+        f_next = float(there.values(here.inverses(np.array([lifted])))[0])
+        if seq_len < 2 or after[1] <= f_next:
+            return after, f_next, math.inf
+        return after, f_next, -math.log(min((after[1] - f_next) / (1.0 - f_next), 1.0 - 1e-15))
+
+    f, gamma = _clean(g[0](0.0)), math.inf
+    betas, sources, means = [], [], []
+    for layer in range(layers):
+        widest = gamma if math.isfinite(gamma) else 50.0  # beta = the source's gamma: A = I
+
+        now, remaining = (means[-1] if means else f), layers - layer
+        plan = final if remaining == 1 else 1.0 - (1.0 - now) * ((1.0 - final) / (1.0 - now)) ** (1.0 / remaining)
+
+        def excess(log_beta: float, layer=layer, f=f, gamma=gamma, plan=plan) -> float:
+            return mean_correlation(block(layer, math.exp(log_beta), f, gamma)[0]) - plan
+
+        if seq_len < 2 or excess(math.log(widest)) >= 0.0:
+            beta = widest
+        elif excess(math.log(1e-9)) <= 0.0:
+            beta = 1e-9
+        else:
+            beta = math.exp(brentq(excess, math.log(1e-9), math.log(widest), xtol=1e-12))
+        betas.append(beta)
+        sources.append((gamma, f))
+        after, f, gamma = block(layer, beta, f, gamma)
+        f = _clean(f)
+        means.append(mean_correlation(after))
+    return JointExponentialSchedule(tuple(betas), tuple(sources), tuple(means), target_mean, _clean(floor))
