@@ -92,6 +92,11 @@ def _keys_by_shaping(schema: dict) -> None:
             "properties": {
                 "shaping": {"const": shaping},
                 **{k: {"type": "null"} for k in names if k not in allowed},
+                "schedule": (
+                    {"anyOf": [{"enum": list(SHAPING_TABLE[shaping].schedules)}, {"type": "null"}]}
+                    if SHAPING_TABLE[shaping].schedules
+                    else {"type": "null"}
+                ),
             }
         }
         for shaping, allowed in SHAPING_KEYS.items()

@@ -53,7 +53,9 @@ def token_work(
     cube = 1.0 + SHAPING_CUBE_PRICE.get(shaping or "", 0.0)
     nodes = attention_nodes + other_nodes
     work = int(attention_nodes * cube * k**3) + nodes * (TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * k * k)
-    if shaping in SHAPING_TABLE and (schedule or SHAPING_TABLE[shaping].default_schedule) == "joint":
+    # admission prices a body before it is validated: a schedule the shaping does not take is priced
+    # as none (validation refuses it)
+    if shaping in JOINT_PROPAGATIONS and (schedule or SHAPING_TABLE[shaping].default_schedule) == "joint":
         probe = attention_nodes * PROBE_TOKENS**3 + nodes * (TOKEN_NODE_PRICE + TOKEN_PAIR_PRICE * PROBE_TOKENS**2)
         work = JOINT_PROPAGATIONS[shaping] * work + probe
     return work

@@ -148,6 +148,8 @@ def _joint(graph, view, dense, sum_scales, activation_maps, shaping: str, params
     """(generators, schedule entries) of the joint schedule (``joint_schedule``), or None with a
     warning in ``answer`` where the graph has shortcuts around its attention nodes (the paper's
     schedule is used then)."""
+    if view.tokens < 2:  # one token has no correlation to keep: every schedule's matrices are [1]
+        return None
     reason = skipless_reason(graph, view.attention)
     if reason is not None:
         answer.warnings.append(
