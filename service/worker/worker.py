@@ -171,20 +171,44 @@ class SigpropWorker(Worker):
             job.meta.pop(STOP_REASON, None)
 
 
+_PROBE_KEY = "sigprop:worker-probe"
+
+
 def _wait_for_redis(connection, max_wait_s: float = 5.0) -> None:
-    """Block until Redis answers and takes a write. A worker started during an outage (or before
-    Redis in a compose stack) waits for it instead of exiting; one facing a Redis that refuses
-    writes (OOM under noeviction, READONLY) waits too, before it dequeues anything: RQ pops a job
-    off the queue before it writes that it started it, and a refused write then loses the job."""
+    """Block until Redis answers, takes a write and has memory to spare. A worker started during an
+    outage (or before Redis in a compose stack) waits for it instead of exiting; one facing a Redis
+    that refuses writes (OOM under noeviction, READONLY) waits too, before it dequeues anything: RQ
+    pops a job off the queue before it writes that it started it, and a refused write then loses
+    the job (until the abandoned-job check, a minute later). A write alone is not enough under
+    noeviction: a Redis at its maxmemory frees a little now and then (an expiring key), a probe
+    slips through, and RQ's next writes fail with the job in hand; so the worker also waits until
+    INFO's used_memory is a margin below maxmemory (``_memory_headroom``)."""
     wait = 0.2
     while True:
         try:
-            connection.set("sigprop:worker-probe", "1", px=10_000)
-            return
+            connection.set(_PROBE_KEY, "1", px=10_000)
+            short = _memory_headroom(connection)
+            if short is None:
+                return
+            log.warning("Redis is at its memory limit (%s); retrying in %.1f s", short, wait)
         except (redis.RedisError, OSError) as exc:
             log.warning("Redis does not take writes (%s: %s); retrying in %.1f s", type(exc).__name__, exc, wait)
-            time.sleep(wait)
-            wait = min(wait * 2, max_wait_s)
+        time.sleep(wait)
+        wait = min(wait * 2, max_wait_s)
+
+
+def _memory_headroom(connection) -> str | None:
+    """None when Redis has no maxmemory or is a margin (a tenth of it, at most 1 MiB) below it; else
+    what INFO says. A Redis whose ACL refuses INFO is taken at its write probe's word."""
+    try:
+        info = connection.info("memory")
+    except redis.ResponseError:
+        return None
+    limit = int(info.get("maxmemory") or 0)
+    used = int(info.get("used_memory") or 0)
+    if limit <= 0 or used < limit - min(1 << 20, limit // 10):
+        return None
+    return f"used_memory {used} of maxmemory {limit}"
 
 
 def check_worker(settings, timeout_s: float = 3.0) -> tuple[bool, str]:
