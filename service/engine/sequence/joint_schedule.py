@@ -174,42 +174,45 @@ class _Curve:
         self._inv = PchipInterpolator(self.g, self.c) if self.c.size > 1 else None
 
     def __call__(self, c: float) -> float:
-        if self._fwd is None or c <= self.c[0]:
-            return float(self.g[0])
-        if c >= self.c[-1]:  # beyond the grid's last point: linear towards G(1) = 1
-            t = (c - self.c[-1]) / (1.0 - self.c[-1])
-            return float(self.g[-1] + t * (1.0 - self.g[-1]))
-        return float(self._fwd(c))
-
-    def values(self, c: np.ndarray) -> np.ndarray:
-        """G at an array of correlations (as ``__call__``)."""
-        c = np.asarray(c, dtype=float)
-        out = np.interp(c, self.c, self.g)  # the ends: clamped, then the linear tail towards (1, 1)
-        if self._fwd is not None:
-            inside = (c > self.c[0]) & (c < self.c[-1])
-            out[inside] = self._fwd(c[inside])
-        tail = c >= self.c[-1]
-        out[tail] = self.g[-1] + (c[tail] - self.c[-1]) / (1.0 - self.c[-1]) * (1.0 - self.g[-1])
-        return out
-
-    def inverses(self, g: np.ndarray) -> np.ndarray:
-        """G^-1 at an array of correlations (as ``inverse``)."""
-        g = np.asarray(g, dtype=float)
-        out = np.interp(g, self.g, self.c)
-        if self._inv is not None:
-            inside = (g > self.g[0]) & (g < self.g[-1])
-            out[inside] = self._inv(g[inside])
-        tail = g >= self.g[-1]
-        out[tail] = self.c[-1] + (g[tail] - self.g[-1]) / (1.0 - self.g[-1]) * (1.0 - self.c[-1])
-        return out
+        return float(self.values(np.array([c]))[0])
 
     def inverse(self, g: float) -> float:
-        if self._inv is None or g <= self.g[0]:
-            return float(self.c[0])
-        if g >= self.g[-1]:
-            t = (g - self.g[-1]) / (1.0 - self.g[-1])
-            return float(self.c[-1] + t * (1.0 - self.c[-1]))
-        return float(self._inv(g))
+        return float(self.inverses(np.array([g]))[0])
+
+    def values(self, c: np.ndarray) -> np.ndarray:
+        """G at an array of correlations."""
+        return _monotone(np.asarray(c, dtype=float), self.c, self.g, self._fwd)
+
+    def inverses(self, g: np.ndarray) -> np.ndarray:
+        """G^-1 at an array of correlations."""
+        return _monotone(np.asarray(g, dtype=float), self.g, self.c, self._inv)
+
+
+def _monotone(x: np.ndarray, xs: np.ndarray, ys: np.ndarray, pchip) -> np.ndarray:
+    """A monotone map tabulated at (xs, ys): PCHIP inside the table, its first value below it, and a
+    straight line from its last point to (1, 1) above it (G(1) = 1: one token pair at correlation 1)."""
+    out = np.full(x.shape, ys[0])
+    if pchip is not None:
+        inside = (x > xs[0]) & (x < xs[-1])
+        out[inside] = pchip(x[inside])
+    tail = x >= xs[-1]
+    out[tail] = ys[-1] + (x[tail] - xs[-1]) / (1.0 - xs[-1]) * (1.0 - ys[-1])
+    return out
+
+
+def _floor_below(g: list[_Curve], target: float, refused: str, ask: str) -> float:
+    """The correlation the MLP blocks alone reach (every attention the identity), refused with
+    ``unreachable_target`` when it exceeds the target: non-negative attention only raises it."""
+    floor = g[-1](0.0)
+    if floor > target + _TOLERANCE:
+        raise SigpropError(
+            "unreachable_target",
+            f"{refused}: the MLP blocks alone (every attention the identity) already raise every token "
+            f"correlation to {floor:.6g}, and attention that a softmax can give (non-negative) only raises it further",
+            f"for tat on a skipless stack that floor is C_f(0) = eta, so eta <= {target:.6g} solves; or {ask}, "
+            'or use "schedule": "paper"',
+        )
+    return floor
 
 
 def joint_uspa_schedule(c: np.ndarray, curves: np.ndarray, final_rho: float) -> JointSchedule:
@@ -217,16 +220,9 @@ def joint_uspa_schedule(c: np.ndarray, curves: np.ndarray, final_rho: float) -> 
     ``final_rho`` (module docstring); ``unreachable_target`` when the MLP blocks alone exceed it."""
     layers = curves.shape[0] - 1
     g = [_Curve(c, row) for row in curves]
-    floor = g[-1](0.0)
-    if floor > final_rho + _TOLERANCE:
-        raise SigpropError(
-            "unreachable_target",
-            f"u-spa's joint schedule cannot end at final_rho = {final_rho:.6g}: the MLP blocks alone (every "
-            f"attention the identity) already raise every token correlation to {floor:.6g}, and attention that a "
-            "softmax can give (non-negative) only raises it further",
-            f"ask for final_rho >= {floor:.6g}, or lower the MLP blocks' correlation: for tat on a skipless stack "
-            f'that floor is C_f(0) = eta, so eta <= {final_rho:.6g} solves; or use "schedule": "paper"',
-        )
+    floor = _floor_below(
+        g, final_rho, f"u-spa's joint schedule cannot end at final_rho = {final_rho:.6g}", "ask for a larger final_rho"
+    )
     rho = g[0](0.0)
     sources, targets, boundaries = [], [], []
     for layer in range(layers):
@@ -336,17 +332,13 @@ def joint_espa_schedule(
     g = [_Curve(c, row) for row in curves]
     lags = np.arange(seq_len, dtype=float)
     target_mean = mean_correlation(np.exp(-final_gamma * lags))
-    floor = g[-1](0.0)
-    if floor > target_mean + _TOLERANCE:
-        raise SigpropError(
-            "unreachable_target",
-            f"e-spa's joint schedule cannot reach final_gamma = {final_gamma:.6g}, whose kernel has mean token "
-            f"correlation {target_mean:.6g} over {seq_len} tokens: the MLP blocks alone (every attention the "
-            f"identity) already raise every token correlation to {floor:.6g}, and attention that a softmax can "
-            "give (non-negative) only raises it further",
-            f"for tat on a skipless stack that floor is C_f(0) = eta, so eta <= {target_mean:.6g} solves; or ask "
-            f'for a smaller final_gamma (a more correlated kernel), or use "schedule": "paper"',
-        )
+    floor = _floor_below(
+        g,
+        target_mean,
+        f"e-spa's joint schedule cannot reach final_gamma = {final_gamma:.6g}, whose kernel has mean token "
+        f"correlation {target_mean:.6g} over {seq_len} tokens",
+        "ask for a smaller final_gamma (a more correlated kernel)",
+    )
     final = target_mean if aim is None else min(max(aim, floor), 1.0 - 1e-9)
 
     def block(layer: int, beta: float, f: float, gamma: float) -> tuple[np.ndarray, float, float]:
