@@ -534,7 +534,9 @@ def _deepest_admitted(seq_len: int, **params) -> int:
 
     def admitted(depth: int) -> bool:
         try:
-            check_template(Template(template="transformer", depth=depth, seq_len=seq_len, **params), offline_limits())
+            # priced for E-SPA's default (joint) schedule, as the request below is
+            template = Template(template="transformer", depth=depth, seq_len=seq_len, **params)
+            check_template(template, offline_limits(), "e-spa")
         except SigpropError:
             return False
         return True
