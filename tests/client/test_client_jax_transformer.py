@@ -396,12 +396,16 @@ def test_apply_without_the_shaping_collection_says_what_to_pass():
 
 
 SLOW_CASES = [
-    ("e-spa", {"final_gamma": 0.3}, {}),
+    # final_gamma 0.3 over 16 tokens has mean correlation 0.290, below eta 0.3's MLP floor: the joint
+    # schedule refuses it (issue 37), the paper's construction takes it
+    ("e-spa", {"final_gamma": 0.3, "schedule": "paper"}, {}),
+    ("e-spa", {"final_gamma": 0.1}, {}),  # the joint schedule (mean correlation 0.63)
     ("u-spa", {"final_rho": 0.5}, {}),
     ("e-spa", {}, {"norms": True, "shortcuts": True}),
     ("value-skipinit", {}, {}),
     ("shaped", {"temperature": 0.5}, {}),
-    ("e-spa", {"final_gamma": 0.3}, {"causal": False}),  # bidirectional nodes: E-SPA is lower triangular too
+    ("e-spa", {"final_gamma": 0.3, "schedule": "paper"}, {"causal": False}),  # bidirectional: lower triangular too
+    ("e-spa", {"final_gamma": 0.1}, {"causal": False}),
 ]
 
 
