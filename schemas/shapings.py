@@ -51,8 +51,6 @@ class Shaping:
     zero_query: bool
     # the schedules it offers, the default first (empty: the attention is the identity at init)
     schedules: tuple[str, ...] = ()
-    # why a schedule it does not offer is missing (shown in the 422)
-    missing_schedule: str = ""
 
     @property
     def default_schedule(self) -> str | None:

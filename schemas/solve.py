@@ -145,10 +145,7 @@ class AttentionRequest(BaseModel):
         if self.schedule is not None and self.schedule not in shaping.schedules:
             if not shaping.schedules:
                 raise ValueError(f"shaping {self.shaping!r} takes no schedule (its attention is the identity at init)")
-            raise ValueError(
-                f"shaping {self.shaping!r} has no {self.schedule!r} schedule"
-                + (f": {shaping.missing_schedule}" if shaping.missing_schedule else "")
-            )
+            raise ValueError(f"shaping {self.shaping!r} has no {self.schedule!r} schedule")
         return self
 
     def schedule_name(self) -> str | None:

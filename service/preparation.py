@@ -184,16 +184,18 @@ def _tokens(graph) -> int:
 
 def _shaping(data) -> str | None:
     """The attention shaping a request body names (None: none, or not a request)."""
-    attention = data.get("attention") if isinstance(data, dict) else None
-    shaping = attention.get("shaping") if isinstance(attention, dict) else None
-    return shaping if isinstance(shaping, str) else None
+    return _attention_field(data, "shaping")
 
 
 def _schedule(data) -> str | None:
     """The attention schedule a request body names (None: the shaping's default, or not a request)."""
+    return _attention_field(data, "schedule")
+
+
+def _attention_field(data, name: str) -> str | None:
     attention = data.get("attention") if isinstance(data, dict) else None
-    schedule = attention.get("schedule") if isinstance(attention, dict) else None
-    return schedule if isinstance(schedule, str) else None
+    value = attention.get(name) if isinstance(attention, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def solve_price(graph, shaping: str | None = None, schedule: str | None = None) -> int:

@@ -261,3 +261,18 @@ def test_rms_norm_blocks_keep_the_target(shaping):
     assert answer.attention.schedule == "joint"
     np.testing.assert_allclose(np.diag(np.array(tk.output)), 1.0, atol=1e-9)  # normalized blocks, TAT keeps q = 1
     assert abs(tk.predicted_mean - tk.target_mean) < (1e-9 if shaping == "u-spa" else 0.01)
+
+
+def test_espa_joint_past_the_predicted_tokens_keeps_the_whole_sequences_mean():
+    # T = 512: the answer's kernel covers the leading 256 tokens, the target the 512; the design's
+    # correction compares like with like (a comparison of the leading 256 with the 512-token target
+    # left the whole sequence at 0.415 for a target of 0.499)
+    t = 512
+    answer = sigprop.solve(espa_body(12, t, 0.2))
+    mixers = [floored_ratio(x.generator, t) for x in answer.attention.layers]
+    out = reference_output(mixers, answer.negative_slope, answer.output_scale)
+    d = np.sqrt(np.diag(out))
+    mean = ((out / np.outer(d, d)).sum() - t) / (t * (t - 1))
+    assert abs(mean - answer.token_kernel.target_mean) < 0.01, (mean, answer.token_kernel.target_mean)
+    np.testing.assert_allclose(np.array(answer.token_kernel.leading), out[:256, :256], atol=1e-9)
+    assert 0.95 <= np.diag(out).min() and np.diag(out).max() <= 1.05

@@ -55,7 +55,7 @@ from scipy.optimize import brentq
 from ...errors import SigpropError
 from ...schemas.ops import ATTENTION, SOURCE
 from ..graph.build import NetworkGraph
-from .token_program import TokenKernelProgram, TokenValue
+from .token_program import TokenKernelProgram, TokenValue, token_correlations
 
 __all__ = [
     "JointSchedule",
@@ -151,16 +151,11 @@ def block_curves(
 
     def visit(index: int, value: TokenValue) -> None:
         if index in at:
-            curves[at[index]] = _correlations(value.kernel)[iu]
+            curves[at[index]] = token_correlations(value.kernel)[iu]
 
     out = program.walk(_probe_kernel(c, tokens), r, visit)
-    curves[-1] = _correlations(out.kernel)[iu]
+    curves[-1] = token_correlations(out.kernel)[iu]
     return c, curves
-
-
-def _correlations(k: np.ndarray) -> np.ndarray:
-    d = np.sqrt(np.diag(k))
-    return k / np.outer(d, d)
 
 
 class _Curve:
@@ -277,6 +272,12 @@ class JointExponentialSchedule:
     block_means: tuple[float, ...]
     target_mean: float  # the requested exp(-gamma_L |i - j|)'s mean correlation over the T tokens
     floor: float  # the MLP blocks alone (every attention the identity): every correlation
+    output_lags: np.ndarray  # the design's output correlation at lags 0..T-1
+
+    def leading_mean(self, tokens: int) -> float:
+        """The design's mean output correlation over the first ``tokens`` tokens (what the exact
+        propagation of the leading block can be compared with)."""
+        return mean_correlation(self.output_lags[:tokens])
 
     def generators(self) -> list[dict]:
         out = []
@@ -327,7 +328,8 @@ def joint_espa_schedule(
     against 0.95 with equal steps.) Where the MLP alone already passes the plan, the attention is the
     identity (beta = the source's gamma). The requested shape is not kept (the floor), its mean
     correlation is, up to the family fit; ``aim`` replaces m_L in the plan (the caller's correction
-    from the exact prediction). The answer's prediction is the exact propagation of these matrices."""
+    from the exact prediction of the leading tokens, ``leading_mean``). The answer's prediction is
+    the exact propagation of these matrices."""
     layers = curves.shape[0] - 1
     g = [_Curve(c, row) for row in curves]
     lags = np.arange(seq_len, dtype=float)
@@ -373,4 +375,4 @@ def joint_espa_schedule(
         after, f, gamma = block(layer, beta, f, gamma)
         f = _clean(f)
         means.append(mean_correlation(after))
-    return JointExponentialSchedule(tuple(betas), tuple(sources), tuple(means), target_mean, _clean(floor))
+    return JointExponentialSchedule(tuple(betas), tuple(sources), tuple(means), target_mean, _clean(floor), after)

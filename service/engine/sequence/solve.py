@@ -51,7 +51,7 @@ from ..maps.token_kernels import (
 from ..network.initialization import layer_inits
 from .graph import SequenceView
 from .joint_schedule import block_curves, joint_espa_schedule, joint_uspa_schedule, mean_correlation, skipless_reason
-from .token_program import TokenKernelProgram, TokenValue
+from .token_program import TokenKernelProgram, TokenValue, mean_token_correlation
 
 __all__ = ["complete_sequence_answer", "predicted_tokens"]
 
@@ -76,6 +76,7 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
     scales = answer.sum_scales or {}
     sum_scales = {nd.index: scales[nd.user_id] for nd in nodes if nd.user_id in scales}
     activation_maps = _activation_maps(graph, answer)
+    kernel = None  # the output token kernel, when the schedule's design has already propagated it
     if request.attention is None:
         # a token-wise network (no attention node: the parser requires the key exactly when there is
         # one): every map is entrywise, and the token kernel follows the MLP's C maps alone
@@ -90,7 +91,7 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
             if joint is None:
                 schedule_name = "paper"
         if joint is not None:
-            generators, schedule = joint
+            generators, schedule, kernel = joint
         else:
             generators = shaping_generators(shaping, layers, **params)
             schedule = shaping_schedule(shaping, layers, **schedule_params)
@@ -111,7 +112,8 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
     answer.jacobian = None
 
     tokens = predicted_tokens(view.tokens)
-    kernel = _propagate(graph, view, generators, tokens, dense, sum_scales, activation_maps)
+    if kernel is None:
+        kernel = _propagate(graph, view, generators, tokens, dense, sum_scales, activation_maps)
     rows = kernel.tolist()
     whole = tokens == view.tokens
     answer.token_kernel = TokenKernel(
@@ -121,7 +123,7 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
         leading_tokens=None if whole else tokens,
         target=target,
         target_mean=_target_mean(target, view.tokens),
-        predicted_mean=_mean_correlation(kernel) if target else None,
+        predicted_mean=mean_token_correlation(kernel) if target else None,
         schedule=[ScheduleEntry(node=nodes[i].user_id, **s) for i, s in zip(view.attention, schedule, strict=False)],
     )
     if not whole:
@@ -145,9 +147,9 @@ def complete_sequence_answer(answer: Solution, graph: NetworkGraph, view: Sequen
 
 
 def _joint(graph, view, dense, sum_scales, activation_maps, shaping: str, params: dict, answer: Solution):
-    """(generators, schedule entries) of the joint schedule (``joint_schedule``), or None with a
-    warning in ``answer`` where the graph has shortcuts around its attention nodes (the paper's
-    schedule is used then)."""
+    """(generators, schedule entries, their output kernel when already propagated, else None) of the
+    joint schedule (``joint_schedule``), or None with a warning in ``answer`` where the graph has
+    shortcuts around its attention nodes (the paper's schedule is used then)."""
     if view.tokens < 2:  # one token has no correlation to keep: every schedule's matrices are [1]
         return None
     reason = skipless_reason(graph, view.attention)
@@ -167,22 +169,24 @@ def _joint(graph, view, dense, sum_scales, activation_maps, shaping: str, params
             {"rho": k, "diagonal": math.sqrt(1.0 - k), "block_rho": b}
             for k, b in zip(u.targets, u.boundaries, strict=True)
         ]
-        return u.generators(), entries
+        return u.generators(), entries, None
     e = joint_espa_schedule(c, curves, params["final_gamma"], view.tokens)
-    # the design fits each block's kernel to a floored exponential; one exact propagation measures
-    # the mean correlation it misses by (0.037 at T = 64, 12 blocks, eta 0.5), and the plan aims that
-    # much further (the miss is near-linear in the aim: 0.0006 after the step)
+    # the design fits each block's kernel to a floored exponential; one exact propagation of the
+    # leading tokens measures how far the design's mean correlation there is off (0.037 at T = 64, 12
+    # blocks, eta 0.5), and the plan aims that much further (the miss is near-linear in the aim:
+    # 0.0003 after the step). Like with like: for T > 256 the exact kernel covers the leading 256
+    # tokens only, and so does the design's mean it is compared with.
     tokens = predicted_tokens(view.tokens)
-    missed = e.target_mean - _mean_correlation(
-        _propagate(graph, view, e.generators(), tokens, dense, sum_scales, activation_maps)
-    )
+    kernel = _propagate(graph, view, e.generators(), tokens, dense, sum_scales, activation_maps)
+    missed = e.leading_mean(tokens) - mean_token_correlation(kernel)
     if abs(missed) > 1e-3:
         e = joint_espa_schedule(c, curves, params["final_gamma"], view.tokens, aim=e.target_mean + missed)
+        kernel = None  # new generators: propagated again by the caller
     entries = [
         {"gamma": b, "diagonal": math.sqrt(-math.expm1(-2.0 * b)), "source_floor": f, "block_mean": m}
         for b, (_, f), m in zip(e.betas, e.sources, e.block_means, strict=True)
     ]
-    return e.generators(), entries
+    return e.generators(), entries, kernel
 
 
 def _propagate(graph, view, generators, tokens, dense, sum_scales, activation_maps) -> np.ndarray:
@@ -205,15 +209,6 @@ def _target_mean(target: dict | None, tokens: int) -> float | None:
     if target["family"] == "exponential":
         return mean_correlation(np.exp(-target["gamma"] * lags))
     return float(target["rho"]) if tokens > 1 else 1.0
-
-
-def _mean_correlation(kernel: np.ndarray) -> float:
-    t = kernel.shape[0]
-    if t < 2:
-        return 1.0
-    d = np.sqrt(np.diag(kernel))
-    c = kernel / np.outer(d, d)
-    return float((c.sum() - np.trace(c)) / (t * (t - 1)))
 
 
 def _one_blas_thread():

@@ -53,7 +53,13 @@ from ..maps.token_kernels import (
 )
 from ..network.program import WHOLE_NETWORK, NetworkProgram, Repeat
 
-__all__ = ["TokenValue", "TokenKernelProgram", "max_token_correlation"]
+__all__ = [
+    "TokenValue",
+    "TokenKernelProgram",
+    "token_correlations",
+    "max_token_correlation",
+    "mean_token_correlation",
+]
 
 
 @dataclass(frozen=True)
@@ -103,14 +109,28 @@ def _value(expansion: Expansion, atoms: Mapping[int, TokenValue]) -> TokenValue:
     return TokenValue(kernel, mean)
 
 
+def token_correlations(kernel: np.ndarray) -> np.ndarray:
+    """K_ij / sqrt(K_ii K_jj): the kernel's token correlations."""
+    d = np.sqrt(np.diag(kernel))
+    return kernel / np.outer(d, d)
+
+
 def max_token_correlation(kernel: np.ndarray) -> float:
     """The largest K_ij / sqrt(K_ii K_jj) over distinct tokens i != j (-inf for one token)."""
     if kernel.shape[0] < 2:
         return -np.inf
-    d = np.sqrt(np.diag(kernel))
-    c = kernel / np.outer(d, d)
+    c = token_correlations(kernel)
     np.fill_diagonal(c, -np.inf)
     return float(c.max())
+
+
+def mean_token_correlation(kernel: np.ndarray) -> float:
+    """The mean K_ij / sqrt(K_ii K_jj) over distinct tokens i != j (1 for one token)."""
+    t = kernel.shape[0]
+    if t < 2:
+        return 1.0
+    c = token_correlations(kernel)
+    return float((c.sum() - np.trace(c)) / (t * (t - 1)))
 
 
 def _atom(atoms: dict, v: int, value: TokenValue) -> Expansion:
